@@ -1,0 +1,73 @@
+"""StrategyJob: the tf.distribute programming model on PyTorch.
+
+Code written against ``tf.distribute`` ports by replacing ``tf.distribute`` with
+``strategyjob``. The public names below are loaded lazily so that the torch-free
+parts of the package (``strategyjob.jobspec``, ``strategyjob.cluster_resolver``,
+``strategyjob.launcher``) can be imported by the operator without pulling in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (relative to this package)
+_PUBLIC: dict[str, str] = {
+    # contexts
+    "ReplicaContext": "._context",
+    "get_strategy": "._context",
+    "has_strategy": "._context",
+    "in_cross_replica_context": "._context",
+    "get_replica_context": "._context",
+    "get_cross_replica_context": "._context",
+    "experimental_set_strategy": "._context",
+    # values and variables
+    "DistributedValues": "._values",
+    "PerReplica": "._values",
+    "Mirrored": "._values",
+    "ValueContext": "._values",
+    "ReduceOp": "._reduce",
+    "VariableSynchronization": "._variables",
+    "VariableAggregation": "._variables",
+    "Variable": "._variables",
+    # input distribution
+    "InputContext": ".input",
+    "InputOptions": ".input",
+    "InputReplicationMode": ".input",
+    # strategies
+    "Strategy": ".strategies.base",
+    "StrategyExtended": ".strategies.base",
+    "RunOptions": ".strategies.base",
+    "OneDeviceStrategy": ".strategies.one_device",
+    "MirroredStrategy": ".strategies.mirrored",
+    "CentralStorageStrategy": ".strategies.central_storage",
+    "MultiWorkerMirroredStrategy": ".strategies.multi_worker_mirrored",
+}
+
+_SUBMODULES = {
+    "cluster_resolver",
+    "compat",
+    "errors",
+    "experimental",
+    "input",
+    "jobspec",
+    "launcher",
+}
+
+__all__ = sorted(_PUBLIC) + sorted(_SUBMODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+        globals()[name] = value  # cache: later lookups skip __getattr__
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
