@@ -1,0 +1,327 @@
+"""MultiWorkerMirroredStrategy vs raw DistributedDataParallel, same MLP, same processes.
+
+Workload (as in the TensorFlow baseline): MLP 784-512-512-10, ReLU, cross-entropy, SGD lr 0.01,
+global batch 256 = 2 processes x 128, one fixed synthetic batch per process, one compute thread
+per process, gloo on 127.0.0.1. Each step also reduces the loss across workers (the SDK's
+``strategy.reduce(SUM, loss)``; DDP's ``dist.all_reduce(loss)``).
+
+Two worker processes are started once; inside them the SDK loop (model and optimizer built in
+``strategy.scope()``, ``strategy.run(step_fn)`` doing ``zero_grad/backward/step``) and the DDP
+loop are timed in alternating windows, so machine noise hits both alike. Then a 25 MB float32
+all-reduce is timed through ``ReplicaContext.all_reduce`` and through raw ``dist.all_reduce``,
+alternating calls.
+
+    python bench/bench_mwms.py                       # ~1 minute on 2 cores
+    python bench/bench_mwms.py --tensorflow VENV     # also TF MWMS (bench/tf_mwms_reference.py)
+
+The last line is ``steps/s: sdk_mwms=… torch_ddp=… ratio=…`` (bar: ratio >= 0.97).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SDK = HERE.parent / "sdk"
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--rounds", type=int, default=7, help="alternating windows per loop")
+    p.add_argument("--steps", type=int, default=50, help="steps per window")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--global-batch", type=int, default=256)
+    p.add_argument("--ar-floats", type=int, default=6_250_000, help="25.0e6 bytes of float32")
+    p.add_argument("--ar-iters", type=int, default=20)
+    p.add_argument("--nworkers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--tensorflow", metavar="VENV", help="also run TF MWMS with VENV/bin/python")
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ports", default=None, help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+# ----------------------------------------------------------------------------------- launcher
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _spawn_all(commands: list[tuple[list[str], dict]], timeout: float) -> list[str]:
+    """Run commands concurrently (own process groups); return their outputs; kill on timeout."""
+    logs, procs = [], []
+    for cmd, env in commands:
+        log = tempfile.TemporaryFile(mode="w+")
+        logs.append(log)
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+    deadline = time.monotonic() + timeout
+    failed = False
+    for p in procs:
+        try:
+            failed |= p.wait(timeout=max(0.1, deadline - time.monotonic())) != 0
+        except subprocess.TimeoutExpired:
+            failed = True
+    outputs = []
+    for p, log in zip(procs, logs):
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    if failed:
+        for i, out in enumerate(outputs):
+            print(f"--- process {i} (tail) ---\n{out[-3000:]}", file=sys.stderr)
+        raise SystemExit("a benchmark process failed")
+    return outputs
+
+
+def _results(outputs: list[str]) -> list[dict]:
+    return [
+        json.loads(line[len("RESULT ") :])
+        for out in outputs
+        for line in out.splitlines()
+        if line.startswith("RESULT ")
+    ]
+
+
+def _window_rates(results: list[dict], key: str) -> list[float]:
+    """Steps/s per window, averaged over the processes of the run."""
+    per_rank = [r[key] for r in results]
+    return [statistics.fmean(w) for w in zip(*per_rank)]
+
+
+def launch(args: argparse.Namespace) -> None:
+    ports = _free_ports(args.nworkers + 1)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
+    for key in ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        env.pop(key, None)
+    forwarded = [a for a in sys.argv[1:]]
+    if args.tensorflow:
+        i = forwarded.index("--tensorflow")
+        del forwarded[i : i + 2]
+    commands = [
+        (
+            [
+                sys.executable,
+                __file__,
+                *forwarded,
+                "--rank",
+                str(r),
+                "--ports",
+                ",".join(map(str, ports)),
+            ],
+            env,
+        )
+        for r in range(args.nworkers)
+    ]
+    print(
+        f"torch: {args.nworkers} processes x {args.threads} thread(s), global batch "
+        f"{args.global_batch}, {args.rounds} alternating windows of {args.steps} steps",
+        flush=True,
+    )
+    results = _results(_spawn_all(commands, args.timeout))
+    sdk = _window_rates(results, "sdk_windows")
+    ddp = _window_rates(results, "ddp_windows")
+    paired = [s / d for s, d in zip(sdk, ddp)]
+    sdk_med, ddp_med = statistics.median(sdk), statistics.median(ddp)
+    ar_sdk = statistics.fmean(r["ar_sdk_med_s"] for r in results)
+    ar_raw = statistics.fmean(r["ar_raw_med_s"] for r in results)
+    nbytes = args.ar_floats * 4
+    print(f"SDK MWMS windows (steps/s): {[round(x, 1) for x in sdk]}")
+    print(f"DDP      windows (steps/s): {[round(x, 1) for x in ddp]}")
+    print(f"paired window ratios SDK/DDP: {[round(x, 3) for x in paired]}")
+    print(f"loss SDK {results[0]['sdk_loss']}, DDP {results[0]['ddp_loss']}")
+    print(
+        f"all-reduce {nbytes / 1e6:.1f} MB (median of {args.ar_iters}): "
+        f"ReplicaContext.all_reduce {ar_sdk * 1e3:.2f} ms = {nbytes / ar_sdk / 1e9:.3f} GB/s, "
+        f"dist.all_reduce {ar_raw * 1e3:.2f} ms = {nbytes / ar_raw / 1e9:.3f} GB/s, "
+        f"ratio {ar_raw / ar_sdk:.3f} (bar 0.95)"
+    )
+    if args.tensorflow:
+        run_tensorflow(args)
+    print(
+        f"steps/s: sdk_mwms={sdk_med:.2f} torch_ddp={ddp_med:.2f} "
+        f"ratio={sdk_med / ddp_med:.3f} (bar 0.97)"
+    )
+
+
+def run_tensorflow(args: argparse.Namespace) -> None:
+    python = Path(args.tensorflow) / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"--tensorflow {args.tensorflow}: {python} does not exist (see README)")
+    ports = _free_ports(args.nworkers)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    commands = []
+    for i in range(args.nworkers):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        cmd = [
+            str(python),
+            str(HERE / "tf_mwms_reference.py"),
+            f"--threads={args.threads}",
+            f"--global-batch={args.global_batch}",
+            f"--warmup={args.warmup}",
+            f"--steps={args.steps * args.rounds}",
+            f"--ar-floats={args.ar_floats}",
+            f"--ar-iters={args.ar_iters}",
+        ]
+        commands.append((cmd, env))
+    print("tensorflow: MultiWorkerMirroredStrategy (RING), same workload", flush=True)
+    results = _results(_spawn_all(commands, args.timeout))
+    sps = statistics.fmean(r["steps_per_s"] for r in results)
+    ar = statistics.fmean(r["ar_med_s"] for r in results)
+    nbytes = args.ar_floats * 4
+    print(
+        f"TF MWMS: {sps:.2f} steps/s, all-reduce {ar * 1e3:.2f} ms = "
+        f"{nbytes / ar / 1e9:.3f} GB/s (TensorFlow {results[0]['tf_version']})"
+    )
+
+
+# ------------------------------------------------------------------------------------- worker
+def worker(args: argparse.Namespace) -> None:
+    import strategyjob as sj
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(args.threads)
+    ports = [int(p) for p in args.ports.split(",")]
+    n, rank = args.nworkers, args.rank
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:n]]}
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": rank}}
+    )
+    strategy = sj.MultiWorkerMirroredStrategy()  # initialises the gloo process group
+
+    def mlp() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+
+    per_replica = args.global_batch // n
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(per_replica, 784, generator=g)
+    y = torch.randint(0, 10, (per_replica,), generator=g)
+
+    # (a) the SDK's ordinary custom loop
+    with strategy.scope():
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step_fn(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def sdk_step() -> torch.Tensor:
+        loss = strategy.run(step_fn, args=(x, y))
+        return strategy.reduce(sj.ReduceOp.SUM, loss, axis=None) / n
+
+    # (b) raw DDP on the same gloo process group
+    ddp = DistributedDataParallel(mlp())
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+    def ddp_step() -> torch.Tensor:
+        ddp_opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()
+        ddp_opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        return total / n
+
+    def window(step) -> tuple[float, float]:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            loss = step()
+        value = float(loss)
+        return args.steps / (time.perf_counter() - start), value
+
+    for _ in range(args.warmup):
+        sdk_step()
+        ddp_step()
+    sdk_windows, ddp_windows = [], []
+    for r in range(args.rounds):
+        order = (sdk_step, ddp_step) if r % 2 == 0 else (ddp_step, sdk_step)
+        for step in order:
+            rate, loss = window(step)
+            (sdk_windows if step is sdk_step else ddp_windows).append(rate)
+            if step is sdk_step:
+                sdk_loss = loss
+            else:
+                ddp_loss = loss
+
+    # 25 MB all-reduce: ReplicaContext.all_reduce vs raw dist.all_reduce, alternating calls
+    big = torch.full((args.ar_floats,), float(rank + 1))
+
+    def replica_all_reduce(t: torch.Tensor) -> torch.Tensor:
+        return sj.get_replica_context().all_reduce(sj.ReduceOp.SUM, t)
+
+    sdk_times, raw_times = [], []
+    for i in range(args.ar_iters + 3):
+        dist.barrier()
+        start = time.perf_counter()
+        result = strategy.run(replica_all_reduce, args=(big,))
+        sdk_time = time.perf_counter() - start
+        assert float(result[0]) == n * (n + 1) / 2
+        t = big.clone()  # dist.all_reduce works in place: copy outside the timed region
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        raw_time = time.perf_counter() - start
+        if i >= 3:
+            sdk_times.append(sdk_time)
+            raw_times.append(raw_time)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "rank": rank,
+                "sdk_windows": sdk_windows,
+                "ddp_windows": ddp_windows,
+                "sdk_loss": round(sdk_loss, 4),
+                "ddp_loss": round(ddp_loss, 4),
+                "ar_sdk_med_s": statistics.median(sdk_times),
+                "ar_raw_med_s": statistics.median(raw_times),
+            }
+        ),
+        flush=True,
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    arguments = _args()
+    if arguments.rank is None:
+        launch(arguments)
+    else:
+        worker(arguments)

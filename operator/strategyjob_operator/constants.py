@@ -1,0 +1,46 @@
+"""Names shared by the operator's modules: API coordinates, labels, condition types,
+Event reasons. Kept in one place so tests and handlers use the same strings."""
+
+from __future__ import annotations
+
+GROUP = "strategyjob.dev"
+VERSION = "v1alpha1"
+PLURAL = "strategyjobs"
+KIND = "StrategyJob"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+LABEL_JOB_NAME = f"{GROUP}/job-name"
+LABEL_REPLICA_TYPE = f"{GROUP}/replica-type"
+LABEL_REPLICA_INDEX = f"{GROUP}/replica-index"
+LABEL_JOB_ROLE = f"{GROUP}/job-role"
+ROLE_CHIEF = "chief"
+
+#: Name of the container port the operator adds to the training container.
+PORT_NAME = "sjob-port"
+
+# Condition types (TFJob's set).
+CREATED = "Created"
+RUNNING = "Running"
+RESTARTING = "Restarting"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+#: Order in which a true condition wins the ``status.state`` column.
+STATE_PRECEDENCE = (FAILED, SUCCEEDED, SUSPENDED, RESTARTING, RUNNING, CREATED)
+
+# Condition / Event reasons.
+REASON_CREATED = "StrategyJobCreated"
+REASON_RUNNING = "StrategyJobRunning"
+REASON_PODS_CREATED = "PodsCreated"
+REASON_JOB_RESTARTING = "JobRestarting"
+REASON_REPLICA_RESTARTING = "ReplicaRestarting"
+REASON_SUCCEEDED = "StrategyJobSucceeded"
+REASON_REPLICA_FAILED = "ReplicaFailed"
+REASON_EVALUATOR_FAILED = "EvaluatorFailed"
+REASON_BACKOFF_LIMIT = "BackoffLimitExceeded"
+REASON_DEADLINE = "DeadlineExceeded"
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_SUSPENDED = "StrategyJobSuspended"
+REASON_RESUMED = "StrategyJobResumed"
+REASON_TTL = "TTLExpired"
+REASON_CREATE_FAILED = "FailedCreatePod"

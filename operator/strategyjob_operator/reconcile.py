@@ -1,0 +1,181 @@
+"""One reconcile pass of one StrategyJob: read the job and its pods, :func:`decide`,
+then carry the plan out. Deletions come first, then creations (concurrent, bounded),
+then exactly one status write, then the Events, so that an Event never reports a state
+that was not persisted and a crash at any point leaves a state the next pass finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from strategyjob import jobspec
+from strategyjob_operator import children, decide, observe
+from strategyjob_operator import constants as c
+from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
+from strategyjob_operator.metrics import REGISTRY, Registry
+
+logger = logging.getLogger("strategyjob_operator")
+
+#: Seconds before retrying when some pods could not be created.
+CREATE_RETRY_SECONDS = 5.0
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class OperatorSettings:
+    """Settings of the reconciler."""
+
+    max_in_flight: int = 50
+    """Requests in flight at once while creating or deleting a job's pods."""
+    metrics_port: int | None = 8080
+    """Port of the Prometheus endpoint; None disables it."""
+    min_reconcile_interval: float = 0.05
+    """Seconds between two passes of one job, so a burst of pod events costs one pass."""
+
+
+class Reconciler:
+    def __init__(
+        self,
+        api: KubeApi,
+        settings: OperatorSettings | None = None,
+        *,
+        clock: Callable[[], datetime] = utcnow,
+        registry: Registry = REGISTRY,
+    ) -> None:
+        self.api = api
+        self.settings = settings or OperatorSettings()
+        self.clock = clock
+        self.metrics = registry
+
+    async def reconcile(self, namespace: str, name: str) -> float | None:
+        """One pass; returns seconds until a time-driven pass is due (None: none)."""
+        started = time.perf_counter()
+        try:
+            return await self._reconcile(namespace, name)
+        finally:
+            self.metrics.observe_reconcile(time.perf_counter() - started)
+
+    async def _reconcile(self, namespace: str, name: str) -> float | None:
+        api = self.api
+        job_path = api.job_path(namespace, name)
+        job_obj = await api.get(job_path)
+        if job_obj is None or job_obj["metadata"].get("deletionTimestamp"):
+            return None
+        now = self.clock()
+        status = job_obj.get("status") or {}
+        try:
+            job = jobspec.load_manifest(job_obj)
+        except jobspec.ManifestError as e:
+            return await self._invalid(job_obj, status, str(e), now)
+
+        pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
+        replicas = observe.observe(job, pods)
+        plan = decide.decide(job, job_obj["metadata"].get("generation", 0), status, replicas, now)
+        if plan.action is not decide.Action.NONE:
+            logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
+
+        limit = self.settings.max_in_flight
+        if plan.delete_pods:
+            results = await bounded_gather(
+                [
+                    (lambda n=n: api.delete(api.core_path(namespace, "pods", n)))
+                    for n in plan.delete_pods
+                ],
+                limit,
+            )
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:  # the decision is persisted only once its deletions happened
+                raise errors[0]
+            self.metrics.inc("pods_deleted", namespace, sum(1 for r in results if r is True))
+
+        retry = None
+        extra_events: list[decide.Event] = []
+        if plan.ensure_service:
+            owner = children.owner_reference(job_obj)
+            await api.create(
+                api.core_path(namespace, "services"), children.build_service(job, owner)
+            )
+        if plan.create:
+            owner = children.owner_reference(job_obj)
+            pods_to_create = children.missing_pods(job, owner, plan.create)
+            path = api.core_path(namespace, "pods")
+            results = await bounded_gather(
+                [(lambda p=p: api.create(path, p)) for p in pods_to_create], limit
+            )
+            created = sum(1 for r in results if r is True)
+            self.metrics.inc("pods_created", namespace, created)
+            failed = [
+                (p["metadata"]["name"], r)
+                for p, r in zip(pods_to_create, results)
+                if isinstance(r, BaseException)
+            ]
+            if failed:
+                self.metrics.inc("pod_create_errors", namespace, len(failed))
+                first_name, first_error = failed[0]
+                logger.warning(
+                    "StrategyJob %s/%s: %d pods not created; first: %s: %s",
+                    namespace, name, len(failed), first_name, first_error,
+                )
+                extra_events.append(
+                    decide.Event(
+                        "Warning",
+                        c.REASON_CREATE_FAILED,
+                        f"Could not create {len(failed)} of {len(pods_to_create)} pods; "
+                        f"first: {first_name}: {first_error}. Retrying in "
+                        f"{CREATE_RETRY_SECONDS:g}s.",
+                    )
+                )
+                retry = CREATE_RETRY_SECONDS
+
+        if plan.status != status:
+            await api.merge_patch(api.job_path(namespace, name, "status"), {"status": plan.status})
+        await self._post_events(job_obj, (*plan.events, *extra_events), now)
+        for metric in plan.metrics:
+            self.metrics.inc(metric, namespace)
+        if plan.delete_job:
+            await api.delete(job_path)
+            return None
+        delays = [d for d in (plan.requeue_after, retry) if d is not None]
+        return min(delays) if delays else None
+
+    async def _invalid(
+        self, job_obj: dict[str, Any], status: dict[str, Any], problem: str, now: datetime
+    ) -> None:
+        """A job the API server accepted but jobspec rejects (e.g. a CRD installed without
+        its validation rules): fail it once, with the problems as the message."""
+        from strategyjob_operator import conditions as cond
+
+        if cond.is_true(status.get("conditions") or [], c.FAILED):
+            return None
+        ts = decide.timestamp(now)
+        conds = cond.set_condition(
+            status.get("conditions") or [], c.FAILED, True, c.REASON_INVALID_SPEC, problem, ts
+        )
+        meta = job_obj["metadata"]
+        new = {**status, "conditions": conds, "state": c.FAILED, "completionTime": ts}
+        await self.api.merge_patch(
+            self.api.job_path(meta["namespace"], meta["name"], "status"), {"status": new}
+        )
+        await self._post_events(
+            job_obj, (decide.Event("Warning", c.REASON_INVALID_SPEC, problem),), now
+        )
+        self.metrics.inc("jobs_failed", meta["namespace"])
+        return None
+
+    async def _post_events(
+        self, job_obj: dict[str, Any], events: tuple[decide.Event, ...], now: datetime
+    ) -> None:
+        ts = decide.timestamp(now)
+        for event in events:
+            try:
+                await self.api.post_event(job_obj, event.type, event.reason, event.message, ts)
+            except ApiError as e:  # an Event is worth a log line, not a failed pass
+                logger.warning("Posting event %s failed: %s", event.reason, e)

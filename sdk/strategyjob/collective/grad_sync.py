@@ -1,0 +1,475 @@
+"""Gradient synchronisation of torch modules built inside ``strategy.scope()``.
+
+Why: the ordinary custom loop ::
+
+    with strategy.scope():
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step_fn(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)  # mean over the replica's own batch
+        loss.backward()
+        opt.step()
+        return loss
+
+    strategy.run(step_fn, args=(x, y))
+
+must update the model exactly as one process training on the global batch. Gradients are
+**averaged** over all replicas (DistributedDataParallel's convention).
+
+How:
+
+* A global module parameter-registration hook registers every parameter created while a
+  strategy's ``scope()`` is entered on the current thread with that strategy
+  (``extended._register_parameter``) and with its :class:`GradientSynchronizer`.
+* One replica per process, several workers (MultiWorkerMirroredStrategy, the hot path): like
+  DDP, parameters are packed into buckets (~25 MB, the first ~1 MB, reverse registration
+  order); a post-accumulate-grad hook copies each gradient into its bucket as backward
+  produces it, and a full bucket starts an asynchronous all-reduce at once (buckets start in
+  order, so every worker issues the same collectives). The optimizer-step pre-hook launches
+  what is left (parameters without a gradient count as zeros, so unused parameters never hang),
+  waits, and writes the averages back.
+* Several replicas in one process (MirroredStrategy/CentralStorageStrategy threads sharing one
+  module): the replicas' backward passes accumulate into the shared ``.grad``. ``zero_grad``
+  and ``step`` therefore act once per step, through ``ReplicaContext.merge_call``: zero_grad
+  is a barrier before any backward, and the step averages the accumulated gradient (dividing by
+  the local replica count, all-reducing across workers when there are several), applies the
+  optimizer once, and makes the other replicas' step calls no-ops.
+
+Limits: call LR schedulers outside ``strategy.run`` with several local replicas (they would
+step once per replica); optimizers that override ``zero_grad`` are not intercepted.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.nn.modules import module as _module
+from torch.optim import optimizer as _optimizer
+from torch.utils.weak import WeakIdKeyDictionary
+
+from strategyjob import _context
+from strategyjob._reduce import ReduceOp
+
+__all__ = ["GradientSynchronizer", "install", "synchronizer_for"]
+
+#: Default bucket size (DDP's ``bucket_cap_mb=25``) and first-bucket size (DDP's 1 MB).
+BUCKET_BYTES = 25 * 1024 * 1024
+FIRST_BUCKET_BYTES = 1024 * 1024
+
+_owner: WeakIdKeyDictionary = WeakIdKeyDictionary()  # Parameter -> GradientSynchronizer
+_optimizer_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_bypass = threading.local()  # set while merge_fn applies the real optimizer step
+
+
+def _bypassing() -> bool:
+    return getattr(_bypass, "active", False)
+
+
+class _Bypass:
+    def __enter__(self) -> None:
+        _bypass.active = True
+
+    def __exit__(self, *exc: Any) -> None:
+        _bypass.active = False
+
+
+# ----------------------------------------------------------------------------- buckets
+class _Bucket:
+    """Gradients of a few parameters (same dtype and device) packed into one flat tensor,
+    followed by one "has a gradient" flag per parameter, all-reduced as one collective."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        total = sum(p.numel() for p in params)
+        self.flat = torch.zeros(total + len(params), dtype=params[0].dtype, device=params[0].device)
+        self.flags = self.flat[total:]
+        self.views: list[torch.Tensor] = []
+        offset = 0
+        for p in params:
+            self.views.append(self.flat[offset : offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self.has_grad = [0] * len(params)
+        self.ready = [False] * len(params)
+        self.num_ready = 0
+        self.work: Any = None
+        self.stale = False
+
+    def copy_in(self, i: int) -> None:
+        grad = self.params[i].grad
+        if grad is None:
+            self.views[i].zero_()
+            self.has_grad[i] = 0
+            return
+        self.views[i].copy_(grad.to_dense() if grad.is_sparse else grad)
+        self.has_grad[i] = 1
+
+    def mark_ready(self, i: int) -> bool:
+        """Record parameter ``i``'s gradient; True when the bucket just became full."""
+        self.copy_in(i)
+        if not self.ready[i]:
+            self.ready[i] = True
+            self.num_ready += 1
+            return self.num_ready == len(self.params)
+        return False
+
+    def fill_missing(self) -> None:
+        for i, ready in enumerate(self.ready):
+            if not ready:
+                self.copy_in(i)
+                self.ready[i] = True
+        self.num_ready = len(self.params)
+
+    def seal(self) -> torch.Tensor:
+        """The flat tensor to all-reduce, flags included."""
+        self.flags.copy_(torch.tensor(self.has_grad, dtype=self.flags.dtype))
+        return self.flat
+
+    def copy_out(self, scale: float) -> None:
+        """Write the averaged gradients back; parameters no worker had a gradient for keep
+        ``grad is None`` (like single-process training)."""
+        for p, averaged, used in zip(self.params, self.views, self.flags.tolist()):
+            if not used:
+                continue
+            if p.grad is None or p.grad.is_sparse:
+                p.grad = averaged * scale
+            else:
+                torch.mul(averaged, scale, out=p.grad)
+
+    def reset(self) -> None:
+        self.ready = [False] * len(self.params)
+        self.num_ready = 0
+        self.work = None
+        self.stale = False
+
+
+def _build_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[_Bucket]:
+    """Reverse registration order (≈ the order backward produces gradients), grouped by dtype
+    and device; the first bucket is small so communication starts early."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
+    for p in reversed(params):
+        if p.requires_grad:
+            groups.setdefault((p.dtype, p.device), []).append(p)
+    buckets: list[_Bucket] = []
+    for group in groups.values():
+        current: list[torch.nn.Parameter] = []
+        size = 0
+        limit = min(FIRST_BUCKET_BYTES, bucket_bytes)
+        for p in group:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= limit:
+                buckets.append(_Bucket(current))
+                current, size, limit = [], 0, bucket_bytes
+        if current:
+            buckets.append(_Bucket(current))
+    return buckets
+
+
+# ------------------------------------------------------------------------ synchronizer
+class GradientSynchronizer:
+    """The parameters registered with one strategy, and how their gradients are averaged.
+
+    The strategy's ``extended`` provides ``_local_devices``, ``_num_workers`` and
+    ``_cross_worker_all_reduce``; optionally ``_cross_worker_all_reduce_async(flat)`` (returns
+    an object with ``wait()``) to overlap communication with backward, ``_gradient_bucket_bytes``
+    and ``_broadcast_parameters_from_chief(params)`` for initial values.
+    """
+
+    def __init__(self, extended: Any) -> None:
+        self._extended_ref = weakref.ref(extended)
+        self.params: list[torch.nn.Parameter] = []
+        self._pending_broadcast: list[torch.nn.Parameter] = []
+        self._buckets: list[_Bucket] | None = None
+        self._where: dict[int, tuple[_Bucket, int]] = {}
+        self._next_launch = 0
+        self._lock = threading.Lock()
+
+    @property
+    def extended(self) -> Any:
+        return self._extended_ref()
+
+    # --- registration -------------------------------------------------------------------
+    def add(self, param: torch.nn.Parameter) -> None:
+        if param in _owner:
+            return
+        _owner[param] = self
+        self.params.append(param)
+        self._pending_broadcast.append(param)
+        self._buckets = None  # rebuilt at the next step boundary
+        param.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    def take_pending_broadcast(self) -> list[torch.nn.Parameter]:
+        """Parameters whose initial values have not been synchronised yet (and forget them)."""
+        pending, self._pending_broadcast = self._pending_broadcast, []
+        return pending
+
+    # --- topology -------------------------------------------------------------------------
+    def _local_replicas(self) -> int:
+        return len(getattr(self.extended, "_local_devices", ()) or (None,))
+
+    def _num_workers(self) -> int:
+        return int(getattr(self.extended, "_num_workers", 1) or 1)
+
+    def _overlapping(self) -> bool:
+        """One replica per process and several workers: the bucketed (DDP-like) path."""
+        extended = self.extended
+        return (
+            extended is not None
+            and self._num_workers() > 1
+            and self._local_replicas() == 1
+            and hasattr(extended, "_cross_worker_all_reduce_async")
+        )
+
+    def _ensure_buckets(self) -> list[_Bucket]:
+        if self._buckets is None:
+            size = getattr(self.extended, "_gradient_bucket_bytes", 0) or BUCKET_BYTES
+            live = [p for p in self.params if p in _owner]
+            self._buckets = _build_buckets(live, size)
+            self._where = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
+            self._next_launch = 0
+        return self._buckets
+
+    # --- hot path: backward hooks -------------------------------------------------------
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._overlapping():
+            return
+        with self._lock:
+            buckets = self._ensure_buckets()
+            location = self._where.get(id(param))
+            if location is None:
+                return
+            bucket, i = location
+            if bucket.work is not None:  # a second backward before the step: redo at step
+                bucket.stale = True
+                return
+            if bucket.mark_ready(i):
+                self._launch_in_order(buckets)
+
+    def _launch_in_order(self, buckets: list[_Bucket]) -> None:
+        while self._next_launch < len(buckets):
+            bucket = buckets[self._next_launch]
+            if bucket.num_ready < len(bucket.params):
+                return
+            bucket.work = self.extended._cross_worker_all_reduce_async(bucket.seal())
+            self._next_launch += 1
+
+    # --- optimizer step ---------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Average the gradients of every registered parameter over all replicas, in place.
+
+        Called once per step: by the optimizer-step pre-hook (one local replica) or inside
+        ``merge_call`` (several local replicas, after all their backward passes).
+        """
+        workers, local = self._num_workers(), self._local_replicas()
+        if workers == 1 and local == 1:
+            return
+        if self._overlapping():
+            self._finish_buckets(1.0 / workers)
+            return
+        grads = [p.grad for p in self.params if p.grad is not None and p in _owner]
+        if not grads:
+            return
+        if workers > 1:
+            reduced = self.extended._cross_worker_all_reduce(ReduceOp.SUM, grads)
+            with torch.no_grad():
+                for g, r in zip(grads, reduced):
+                    torch.mul(r, 1.0 / (workers * local), out=g)
+        else:
+            with torch.no_grad():
+                for g in grads:
+                    g.div_(local)
+
+    def _finish_buckets(self, scale: float) -> None:
+        with self._lock:
+            buckets = self._ensure_buckets()
+            for bucket in buckets[self._next_launch :]:
+                bucket.fill_missing()
+            self._launch_in_order(buckets)
+            try:
+                for bucket in buckets:
+                    bucket.work.wait()
+                for bucket in buckets:
+                    if bucket.stale:  # gradients grew after launch (several backward calls)
+                        for i in range(len(bucket.params)):
+                            bucket.copy_in(i)
+                        self.extended._cross_worker_all_reduce_async(bucket.seal()).wait()
+                with torch.no_grad():
+                    for bucket in buckets:
+                        bucket.copy_out(scale)
+            finally:
+                for bucket in buckets:
+                    bucket.reset()
+                self._next_launch = 0
+
+
+def synchronizer_for(extended: Any) -> GradientSynchronizer:
+    """The strategy's synchronizer, created on first use (stored on ``extended``)."""
+    sync = getattr(extended, "_strategyjob_grad_sync", None)
+    if sync is None:
+        sync = GradientSynchronizer(extended)
+        extended._strategyjob_grad_sync = sync
+    return sync
+
+
+# --------------------------------------------------------------------------- torch hooks
+def _scope_strategy() -> Any:
+    """The strategy whose ``scope()`` is entered on this thread (cross-replica mode), or None."""
+    mode = _context.current_mode()
+    if mode.cross_replica_context is None or _context.is_default_strategy(mode.strategy):
+        return None
+    return mode.strategy
+
+
+def _on_parameter_registered(
+    module: torch.nn.Module, name: str, param: torch.nn.Parameter | None
+) -> torch.nn.Parameter | None:
+    if param is None:
+        return None
+    strategy = _scope_strategy()
+    if strategy is None:
+        return None
+    extended = strategy.extended
+    replacement = None
+    register = getattr(extended, "_register_parameter", None)
+    if register is not None:
+        replacement = register(param)
+    final = replacement if isinstance(replacement, torch.nn.Parameter) else param
+    synchronizer_for(extended).add(final)
+    return replacement if isinstance(replacement, torch.nn.Parameter) else None
+
+
+def _synchronizers_of(params: Iterable[torch.Tensor]) -> list[GradientSynchronizer]:
+    found: list[GradientSynchronizer] = []
+    for p in params:
+        sync = _owner.get(p)
+        if sync is not None and sync not in found:
+            found.append(sync)
+    return found
+
+
+def _optimizer_synchronizers(opt: torch.optim.Optimizer) -> list[GradientSynchronizer]:
+    signature = tuple(len(group["params"]) for group in opt.param_groups)
+    cached = _optimizer_cache.get(opt)
+    if cached is None or cached[0] != signature:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        cached = (signature, _synchronizers_of(params))
+        _optimizer_cache[opt] = cached
+    return cached[1]
+
+
+def _multi_replica_context(syncs: list[GradientSynchronizer]) -> Any:
+    """The replica context when this call comes from one of several local replica threads."""
+    if not syncs or syncs[0]._local_replicas() == 1:
+        return None
+    return _context.get_replica_context()
+
+
+def _stash_grads(opt: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    stash = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            stash.append((p, p.grad))
+            p.grad = None
+    return stash
+
+
+def _merged_step(strategy: Any, opt: torch.optim.Optimizer) -> None:
+    for sync in _optimizer_synchronizers(opt):
+        sync.synchronize()
+    with _Bypass():
+        opt.step()
+    # The other replicas' own step() calls must not apply the update again.
+    opt._strategyjob_stash = _stash_grads(opt)
+
+
+def _merged_restore(strategy: Any, opt: torch.optim.Optimizer) -> None:
+    for p, grad in getattr(opt, "_strategyjob_stash", ()):
+        p.grad = grad
+    opt._strategyjob_stash = []
+
+
+def _step_pre_hook(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    if _bypassing():
+        return
+    syncs = _optimizer_synchronizers(opt)
+    if not syncs:
+        return
+    ctx = _multi_replica_context(syncs)
+    if ctx is not None:
+        if len(args) > 1 or kwargs:  # args[0] is the optimizer itself
+            raise ValueError(
+                "optimizer.step(closure) is not supported with several replicas in one process: "
+                "call backward() in the replica function and then optimizer.step()."
+            )
+        ctx.merge_call(_merged_step, args=(opt,))
+        return
+    for sync in syncs:
+        sync.synchronize()
+
+
+def _step_post_hook(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    if _bypassing():
+        return
+    syncs = _optimizer_synchronizers(opt)
+    ctx = _multi_replica_context(syncs)
+    if ctx is not None:
+        ctx.merge_call(_merged_restore, args=(opt,))
+
+
+def _once_per_step(original: Callable[..., Any], owner_params: Callable[[Any], list]) -> Callable:
+    """Wrap a ``zero_grad`` so that several local replicas run it once, as a barrier."""
+
+    def zero_grad(self: Any, set_to_none: bool = True) -> None:
+        syncs = _synchronizers_of(owner_params(self))
+        ctx = _multi_replica_context(syncs)
+        if ctx is None:
+            original(self, set_to_none)
+            return
+        ctx.merge_call(lambda _strategy: original(self, set_to_none))
+
+    zero_grad.__doc__ = original.__doc__
+    zero_grad.__wrapped__ = original  # type: ignore[attr-defined]
+    return zero_grad
+
+
+def _first_optimizer_param(opt: torch.optim.Optimizer) -> list:
+    for group in opt.param_groups:
+        if group["params"]:
+            return group["params"][:1]
+    return []
+
+
+def _first_module_param(module: torch.nn.Module) -> list:
+    first = next(module.parameters(), None)
+    return [] if first is None else [first]
+
+
+_installed = False
+_install_lock = threading.Lock()
+
+
+def install() -> None:
+    """Install the torch hooks once per process (idempotent; cheap when no strategy is used)."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        _module.register_module_parameter_registration_hook(_on_parameter_registered)
+        _optimizer.register_optimizer_step_pre_hook(_step_pre_hook)
+        _optimizer.register_optimizer_step_post_hook(_step_post_hook)
+        torch.optim.Optimizer.zero_grad = _once_per_step(  # type: ignore[method-assign]
+            torch.optim.Optimizer.zero_grad, _first_optimizer_param
+        )
+        torch.nn.Module.zero_grad = _once_per_step(  # type: ignore[method-assign]
+            torch.nn.Module.zero_grad, _first_module_param
+        )
+        _installed = True
+
+
+install()

@@ -1,0 +1,482 @@
+"""``torch.distributed`` process group of a multi-worker cluster, with bounded collectives.
+
+One process per TF_CONFIG task (chief and workers). The rendezvous follows TensorFlow's roles:
+the collective leader (chief, else worker 0) hosts the ``TCPStore``, rank = ``id_in_cluster``,
+world size = ``worker_count``; ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE`` in the
+environment take precedence. CPU tensors use gloo, CUDA tensors NCCL.
+
+Why the extra machinery: a gloo collective whose peer died either fails with a bare socket
+error or blocks until gloo's timeout. Every collective here is launched asynchronously and
+waited for in short slices; between slices the peers' liveness listeners are probed (a TCP
+connect: refused means the process is gone), so a dead peer ends the step with
+``UnavailableError("cluster check alive failed, /job:worker/replica:0/task:1 is down")``
+(TensorFlow's message) and a stuck one with ``DeadlineExceededError`` after
+``CommunicationOptions.timeout_seconds`` — never a hang.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from strategyjob import errors
+from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
+
+__all__ = [
+    "ClusterMembership",
+    "CollectiveGroup",
+    "get_group",
+    "membership_from_cluster",
+]
+
+#: Rendezvous and gloo timeout when ``timeout_seconds`` is None (torch's default).
+DEFAULT_TIMEOUT_SECONDS = 1800.0
+#: Environment variable overriding the rendezvous timeout (seconds).
+ENV_RENDEZVOUS_TIMEOUT = "STRATEGYJOB_RENDEZVOUS_TIMEOUT"
+#: Slice of a collective wait between two liveness checks.
+_POLL_SECONDS = 1.0
+#: How long a failed collective keeps probing before it gives up naming the dead peer.
+_DIAGNOSE_SECONDS = 3.0
+_PROBE_TIMEOUT_SECONDS = 2.0
+_KEY_PREFIX = "strategyjob/"
+
+
+@dataclass(frozen=True)
+class ClusterMembership:
+    """Who this process is in the collective group and where the rendezvous is."""
+
+    rank: int
+    world_size: int
+    task_names: tuple[str, ...]  # by rank, e.g. "/job:worker/replica:0/task:1"
+    master_addr: str
+    master_port: int
+    host: str  # this task's host as its peers reach it
+
+    def task_name(self, rank: int) -> str:
+        if 0 <= rank < len(self.task_names):
+            return self.task_names[rank]
+        return f"rank {rank}"
+
+
+def _task_name(task_type: str, task_id: int) -> str:
+    return f"/job:{task_type}/replica:0/task:{task_id}"
+
+
+def membership_from_cluster(
+    cluster: Mapping[str, Sequence[str] | Mapping[int, str]],
+    task_type: str,
+    task_id: int,
+    environ: Mapping[str, str] | None = None,
+) -> ClusterMembership:
+    """Rank, world size and rendezvous address of ``(task_type, task_id)`` in ``cluster``.
+
+    ``cluster`` maps job names to addresses (a list, or ``{index: address}`` for sparse jobs);
+    only ``chief`` and ``worker`` take part in collectives. The caller has validated the
+    cluster (``multi_worker_util.validate_cluster_spec``).
+    """
+    environ = os.environ if environ is None else environ
+
+    def addresses(job: str) -> list[tuple[int, str]]:
+        tasks = cluster.get(job) or []
+        if isinstance(tasks, Mapping):
+            return sorted((int(i), a) for i, a in tasks.items())
+        return list(enumerate(tasks))
+
+    members = [("chief", i, a) for i, a in addresses("chief")]
+    members += [("worker", i, a) for i, a in addresses("worker")]
+    names = tuple(_task_name(t, i) for t, i, _ in members)
+    own = _task_name(task_type, task_id)
+    if own not in names:
+        raise ValueError(
+            f"Task {own} does not take part in collectives: only 'chief' and 'worker' tasks of "
+            "the cluster do. Run MultiWorkerMirroredStrategy only in chief and worker tasks."
+        )
+    rank = names.index(own)
+    leader_address = members[0][2]
+    own_address = members[rank][2]
+    master_addr, master_port = _split_address(leader_address)
+
+    if environ.get("MASTER_ADDR"):
+        master_addr = environ["MASTER_ADDR"]
+    if environ.get("MASTER_PORT"):
+        master_port = int(environ["MASTER_PORT"])
+    world_size = int(environ.get("WORLD_SIZE") or len(members))
+    rank = int(environ.get("RANK") or rank)
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"RANK={rank} is outside WORLD_SIZE={world_size}. Fix the RANK/WORLD_SIZE environment "
+            "variables or unset them to derive both from TF_CONFIG."
+        )
+    if len(names) != world_size:  # WORLD_SIZE overrides the cluster: names are unknown
+        names = tuple(f"rank {r}" for r in range(world_size))
+    return ClusterMembership(
+        rank=rank,
+        world_size=world_size,
+        task_names=names,
+        master_addr=master_addr,
+        master_port=master_port,
+        host=_split_address(own_address)[0],
+    )
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(
+            f"Cluster address {address!r} is not 'host:port'. Give every task of TF_CONFIG's "
+            "cluster a 'host:port' address."
+        )
+    return host.strip("[]"), int(port)
+
+
+def _timeout_seconds(options: CommunicationOptions) -> float:
+    return float(options.timeout_seconds) if options.timeout_seconds else DEFAULT_TIMEOUT_SECONDS
+
+
+def _rendezvous_seconds(options: CommunicationOptions) -> float:
+    if os.environ.get(ENV_RENDEZVOUS_TIMEOUT):
+        return float(os.environ[ENV_RENDEZVOUS_TIMEOUT])
+    return _timeout_seconds(options)
+
+
+def _is_poll_timeout(error: BaseException) -> bool:
+    """``Work.wait(timeout)`` raises this when the slice ends, the collective still running."""
+    return "Operation timed out!" in str(error)
+
+
+class _LivenessListener:
+    """A listening socket whose only job is to accept: peers connect to learn we are alive.
+
+    Accepting is done by a daemon thread blocked in ``accept()`` (no CPU while idle); a dead
+    process's socket refuses connections at once, which is how its peers name it.
+    """
+
+    def __init__(self) -> None:
+        if socket.has_dualstack_ipv6():
+            self._sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+        else:
+            self._sock = socket.create_server(("", 0))
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._serve, name="strategyjob-liveness", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.close()
+
+
+def _probe(address: tuple[str, int]) -> bool | None:
+    """True: the peer accepts; False: refused (process gone); None: unreachable/unknown."""
+    try:
+        with socket.create_connection(address, timeout=_PROBE_TIMEOUT_SECONDS):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError:
+        return None
+
+
+class CollectiveGroup:
+    """The default ``torch.distributed`` group of the cluster's workers, with bounded waits.
+
+    Collectives are issued by one thread at a time in the same order on every worker (the
+    strategy guarantees it); ``all_reduce_async`` + ``wait`` serve the gradient buckets.
+    """
+
+    def __init__(self, membership: ClusterMembership, options: CommunicationOptions) -> None:
+        self.membership = membership
+        self.options = options
+        self.rank = membership.rank
+        self.world_size = membership.world_size
+        self._timeout = _timeout_seconds(options)
+        self._poll = datetime.timedelta(seconds=min(_POLL_SECONDS, self._timeout / 4))
+        self._state: dict[str, errors.OpError | None] = {"broken": None}  # shared by views
+        self._peers: dict[int, tuple[str, int]] = {}
+        self._listener = _LivenessListener()
+        self._rendezvous()
+
+    # ----------------------------------------------------------------- set-up
+    def _rendezvous(self) -> None:
+        m = self.membership
+        seconds = _rendezvous_seconds(self.options)
+        timeout = datetime.timedelta(seconds=seconds)
+        if dist.is_initialized():
+            if dist.get_world_size() != m.world_size or dist.get_rank() != m.rank:
+                raise RuntimeError(
+                    f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                    f"{dist.get_world_size()}, but the cluster makes this task rank {m.rank} of "
+                    f"{m.world_size}. Initialise it consistently with TF_CONFIG or not at all."
+                )
+            store = dist.distributed_c10d._get_default_store()
+        else:
+            try:
+                store = dist.TCPStore(
+                    m.master_addr,
+                    m.master_port,
+                    m.world_size,
+                    is_master=m.rank == 0,
+                    timeout=timeout,
+                    wait_for_workers=False,
+                )
+            except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError
+                raise RuntimeError(
+                    f"Timeout waiting for the cluster, timeout is {seconds:g} seconds: "
+                    f"{m.task_name(m.rank)} could not reach the collective leader "
+                    f"{m.task_name(0)} at {m.master_addr}:{m.master_port} ({e})."
+                ) from e
+        # Liveness addresses double as the rendezvous barrier that names absent tasks.
+        store.set(f"{_KEY_PREFIX}alive/{m.rank}", f"{m.host}:{self._listener.port}")
+        keys = [f"{_KEY_PREFIX}alive/{r}" for r in range(m.world_size)]
+        try:
+            store.wait(keys, timeout)
+        except (RuntimeError, OSError) as e:
+            missing = [m.task_name(r) for r, k in enumerate(keys) if not _has_key(store, k)]
+            raise RuntimeError(
+                f"Timeout waiting for the cluster, timeout is {seconds:g} seconds; "
+                f"not joined: {', '.join(missing) or 'unknown'}."
+            ) from e
+        for r, key in enumerate(keys):
+            if r != m.rank:
+                self._peers[r] = _split_address(store.get(key).decode())
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend=self._backend(),
+                store=dist.PrefixStore(f"{_KEY_PREFIX}pg", store),
+                rank=m.rank,
+                world_size=m.world_size,
+                timeout=datetime.timedelta(seconds=self._timeout),
+            )
+        self._store = store
+
+    def _backend(self) -> str:
+        if (
+            torch.cuda.is_available()
+            and self.options.implementation != CommunicationImplementation.RING
+        ):
+            return "cpu:gloo,cuda:nccl"
+        return "gloo"
+
+    def task_name(self, rank: int) -> str:
+        return self.membership.task_name(rank)
+
+    def with_options(self, options: CommunicationOptions) -> CollectiveGroup:
+        """A view of this group whose waits use ``options`` (timeout, pack size)."""
+        view = copy.copy(self)
+        view.options = options
+        view._timeout = _timeout_seconds(options)
+        view._poll = datetime.timedelta(seconds=min(_POLL_SECONDS, view._timeout / 4))
+        return view
+
+    # --------------------------------------------------------------- liveness
+    def dead_peers(self, patience: float = 0.0) -> list[int]:
+        """Ranks whose liveness listener refuses connections, probing up to ``patience`` s."""
+        deadline = time.monotonic() + patience
+        while True:
+            dead = [r for r, address in sorted(self._peers.items()) if _probe(address) is False]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.1)  # give a dying peer's sockets time to close before probing again
+
+    def _unavailable(self, dead: list[int], what: str, cause: str = "") -> errors.UnavailableError:
+        names = ", ".join(self.task_name(r) for r in dead)
+        message = f"cluster check alive failed, {names} is down"
+        message += f" (during {what}{': ' + cause if cause else ''})."
+        return errors.UnavailableError(message)
+
+    def _fail(self, error: errors.OpError) -> errors.OpError:
+        self._state["broken"] = error
+        return error
+
+    def _diagnose(self, cause: BaseException, what: str) -> errors.OpError:
+        text = str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)
+        dead = self.dead_peers(patience=_DIAGNOSE_SECONDS)
+        if dead:
+            return self._fail(self._unavailable(dead, what, text))
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            return self._fail(self._deadline(what))
+        return self._fail(
+            errors.UnavailableError(
+                f"Collective {what} failed and the cluster is in an unknown state: {text}. "
+                "All peers still accept connections; check their logs."
+            )
+        )
+
+    def _deadline(self, what: str) -> errors.DeadlineExceededError:
+        return errors.DeadlineExceededError(
+            f"Collective {what} did not complete within {self._timeout:g} seconds "
+            "(CommunicationOptions.timeout_seconds). Every peer is alive, so one is stuck or "
+            "running different code (all workers must issue the same collectives in the "
+            "same order)."
+        )
+
+    def check(self) -> None:
+        """Raise the error that broke the group, if any: later collectives would hang."""
+        broken = self._state["broken"]
+        if broken is not None:
+            raise type(broken)(broken.message)
+
+    # ------------------------------------------------------------ collectives
+    def wait(self, work: dist.Work, what: str) -> None:
+        """Wait for ``work`` in slices, checking peers' liveness between slices."""
+        start = time.monotonic()
+        while True:
+            try:
+                work.wait(self._poll)
+                return
+            except RuntimeError as e:
+                if not _is_poll_timeout(e):
+                    raise self._diagnose(e, what) from e
+            dead = self.dead_peers()
+            if dead:
+                raise self._fail(self._unavailable(dead, what))
+            if time.monotonic() - start >= self._timeout:
+                raise self._fail(self._deadline(what))
+
+    def _launch(self, what: str, fn, *args, **kwargs) -> dist.Work:
+        self.check()
+        try:
+            return fn(*args, async_op=True, **kwargs)
+        except RuntimeError as e:
+            raise self._diagnose(e, what) from e
+
+    def all_reduce_async(self, flat: torch.Tensor) -> dist.Work:
+        """Launch a SUM all-reduce of ``flat`` in place; finish it with :meth:`wait`."""
+        return self._launch("all-reduce", dist.all_reduce, flat)
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor], reduce_op: str) -> list[torch.Tensor]:
+        """``reduce_op`` ("sum" or "mean") of each tensor across workers; new tensors.
+
+        Tensors are packed by dtype and device into flat buffers of about ``bytes_per_pack``
+        (all in one when 0), one collective per pack.
+        """
+        if not tensors:
+            return []
+        results: list[torch.Tensor | None] = [None] * len(tensors)
+        for indices in _packs(tensors, self.options.bytes_per_pack):
+            parts = [tensors[i] for i in indices]
+            wire_dtype = torch.int32 if parts[0].dtype == torch.bool else parts[0].dtype
+            flat = torch.cat([p.detach().reshape(-1).to(wire_dtype) for p in parts])
+            self.wait(self.all_reduce_async(flat), "all-reduce")
+            if reduce_op == "mean":
+                flat = (
+                    flat / self.world_size
+                    if flat.is_floating_point() or flat.is_complex()
+                    else flat // self.world_size
+                )
+            offset = 0
+            for i, p in zip(indices, parts):
+                n = p.numel()
+                results[i] = flat[offset : offset + n].view(p.shape).to(p.dtype)
+                offset += n
+        return results  # type: ignore[return-value]
+
+    def all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        """Concatenate every worker's ``tensor`` along ``axis`` in rank order; the size along
+        ``axis`` may differ between workers."""
+        tensor = tensor.detach()
+        axis = axis % tensor.dim()
+        sizes = torch.zeros(self.world_size, dtype=torch.int64, device=tensor.device)
+        sizes[self.rank] = tensor.shape[axis]
+        self.wait(self.all_reduce_async(sizes), "all-gather")
+        sizes_list = [int(s) for s in sizes.tolist()]
+        largest = max(sizes_list)
+        padded = tensor
+        if tensor.shape[axis] < largest:
+            pad_shape = list(tensor.shape)
+            pad_shape[axis] = largest - tensor.shape[axis]
+            padded = torch.cat([tensor, tensor.new_zeros(pad_shape)], dim=axis)
+        padded = padded.contiguous()
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
+        work = self._launch("all-gather", dist.all_gather, gathered, padded)
+        self.wait(work, "all-gather")
+        return torch.cat([g.narrow(axis, 0, n) for g, n in zip(gathered, sizes_list)], dim=axis)
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+        """Overwrite ``tensors`` in place with rank ``src``'s values (one pack per dtype)."""
+        for indices in _packs(tensors, 0):
+            parts = [tensors[i] for i in indices]
+            flat = torch.cat([p.detach().reshape(-1) for p in parts])
+            self.wait(self._launch("broadcast", dist.broadcast, flat, src), "broadcast")
+            if self.rank != src:
+                offset = 0
+                for p in parts:
+                    n = p.numel()
+                    with torch.no_grad():
+                        p.copy_(flat[offset : offset + n].view(p.shape))
+                    offset += n
+
+    def any(self, flag: bool) -> bool:
+        """True if ``flag`` is true on any worker."""
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self.wait(self.all_reduce_async(value), "all-reduce")
+        return bool(value.item())
+
+    def barrier(self) -> None:
+        self.any(False)
+
+
+def _has_key(store: dist.Store, key: str) -> bool:
+    try:
+        return bool(store.check([key]))
+    except (RuntimeError, OSError):
+        return False
+
+
+def _packs(tensors: Sequence[torch.Tensor], bytes_per_pack: int) -> list[list[int]]:
+    """Indices of ``tensors`` grouped by (dtype, device), each group cut into packs of about
+    ``bytes_per_pack`` bytes (one pack per group when 0)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    packs: list[list[int]] = []
+    for indices in groups.values():
+        current: list[int] = []
+        size = 0
+        for i in indices:
+            current.append(i)
+            size += tensors[i].numel() * tensors[i].element_size()
+            if bytes_per_pack and size >= bytes_per_pack:
+                packs.append(current)
+                current, size = [], 0
+        if current:
+            packs.append(current)
+    return packs
+
+
+_group: CollectiveGroup | None = None
+_group_lock = threading.Lock()
+
+
+def get_group(membership: ClusterMembership, options: CommunicationOptions) -> CollectiveGroup:
+    """The process's collective group, created (with its rendezvous) on first use.
+
+    A process joins one cluster: later strategies with the same membership share the group
+    (the first strategy's timeout applies to the process group; each strategy's own
+    ``timeout_seconds`` still bounds its waits)."""
+    global _group
+    with _group_lock:
+        if _group is None:
+            _group = CollectiveGroup(membership, options)
+            return _group
+        if (_group.membership.rank, _group.membership.world_size) != (
+            membership.rank,
+            membership.world_size,
+        ):
+            raise RuntimeError(
+                f"This process already joined the cluster as {_group.task_name(_group.rank)} "
+                f"(rank {_group.rank} of {_group.world_size}); a process can take part in one "
+                "cluster only."
+            )
+        return _group.with_options(options)

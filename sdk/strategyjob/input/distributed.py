@@ -1,0 +1,160 @@
+"""``DistributedDataset`` and ``DistributedIterator``: per-replica batches, one step at a time.
+
+Each step takes one entry per local replica from a step stream (``rebatch.py``). While any
+worker still has data, replicas whose input ran out get empty batches (dim 0 of size 0) so that
+every replica keeps taking part in the collectives of the step; when no worker has data the
+iterator ends on all workers at the same step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .. import _nest
+from ..errors import InvalidArgumentError, OutOfRangeError
+from .structure import empty_like, to_device
+
+__all__ = ["DistributedDataset", "DistributedIterator", "Optional"]
+
+_NEXT_IN_REPLICA_FN = (
+    "next(iterator) should be called from outside of replica_fn. e.g. "
+    "strategy.run(replica_fn, args=(next(iterator),))"
+)
+_END_OF_SEQUENCE = "End of sequence"
+_END = object()
+
+
+def _torch_device(device: Any) -> torch.device:
+    device = getattr(device, "torch_device", device)
+    return device if isinstance(device, torch.device) else torch.device(device)
+
+
+def _in_replica_fn() -> bool:
+    from .._context import in_replica_context_of_real_strategy
+
+    return in_replica_context_of_real_strategy()
+
+
+class Optional:
+    """A maybe-absent value (``tf.experimental.Optional``), from ``get_next_as_optional()``."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any = _END) -> None:
+        self._value = value
+
+    @staticmethod
+    def from_value(value: Any) -> Optional:
+        return Optional(value)
+
+    @staticmethod
+    def empty() -> Optional:
+        return Optional()
+
+    def has_value(self) -> bool:
+        return self._value is not _END
+
+    def get_value(self) -> Any:
+        if self._value is _END:
+            raise InvalidArgumentError(
+                "The Optional has no value: the iterator reached the end of its input. Check "
+                "has_value() before calling get_value()."
+            )
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Optional({self._value!r})" if self.has_value() else "Optional(<empty>)"
+
+
+class DistributedIterator:
+    """Iterates per-replica batches: a ``PerReplica`` (per tensor of the element structure) when
+    this worker has several replicas, the plain batch when it has one."""
+
+    def __init__(self, steps: Iterator[list[Any]], extended: Any, *, fetch_to_device: bool) -> None:
+        self._steps = steps
+        self._extended = extended
+        self._devices = tuple(_torch_device(d) for d in extended._local_devices)
+        self._fetch_to_device = fetch_to_device
+        self._last_present: Any = None  # shapes the empty batches of exhausted replicas
+        self._finished = False
+
+    def __iter__(self) -> DistributedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return self.get_next()
+        except OutOfRangeError:
+            raise StopIteration from None
+
+    def get_next(self) -> Any:
+        """The next per-replica batch; ``OutOfRangeError`` at the end of the input."""
+        value = self._next_or_end()
+        if value is _END:
+            raise OutOfRangeError(_END_OF_SEQUENCE)
+        return value
+
+    def get_next_as_optional(self) -> Optional:
+        """The next per-replica batch as an ``Optional``, empty at the end of the input."""
+        return Optional(self._next_or_end())
+
+    def _next_or_end(self) -> Any:
+        if _in_replica_fn():
+            raise ValueError(_NEXT_IN_REPLICA_FN)
+        if self._finished:
+            return _END
+        step = next(self._steps, None)
+        if step is None:
+            step = [None] * len(self._devices)
+        has_data = any(entry is not None for entry in step)
+        if not self._extended._any_worker_has_data(has_data):
+            self._finished = True
+            return _END
+        return self._assemble(step)
+
+    def _assemble(self, step: list[Any]) -> Any:
+        present = next((entry for entry in step if entry is not None), None)
+        if present is not None:
+            self._last_present = present
+        if any(entry is None for entry in step):
+            if self._last_present is None:
+                raise InvalidArgumentError(
+                    f"Worker {self._extended._worker_index} has no input at all while other "
+                    "workers still have data, so its replicas have no batch to shape their "
+                    "empty batches after. Give every worker a non-empty share of the input "
+                    "(e.g. more, or more evenly sized, files)."
+                )
+            empty = empty_like(self._last_present)
+            step = [empty if entry is None else entry for entry in step]
+        if self._fetch_to_device:
+            step = [to_device(entry, device) for entry, device in zip(step, self._devices)]
+        if len(step) == 1:
+            return step[0]
+        from .._values import PerReplica
+
+        return _nest.map_structure(lambda *values: PerReplica(values), *step)
+
+
+class DistributedDataset:
+    """An iterable of per-replica batches; each ``iter()`` starts a new pass over the input.
+
+    Not a dataset: it offers no further transformations (as in TensorFlow).
+    """
+
+    def __init__(
+        self, make_steps: Callable[[], Iterator[list[Any]]], extended: Any, *, fetch_to_device: bool
+    ) -> None:
+        self._make_steps = make_steps
+        self._extended = extended
+        self._fetch_to_device = fetch_to_device
+
+    def __iter__(self) -> DistributedIterator:
+        return DistributedIterator(
+            self._make_steps(), self._extended, fetch_to_device=self._fetch_to_device
+        )
+
+    def __repr__(self) -> str:
+        return f"<DistributedDataset over {len(self._extended._local_devices)} local replica(s)>"

@@ -1,0 +1,116 @@
+"""The environment injected into every replica: one source of truth for
+``strategyjob run`` (127.0.0.1 addresses) and the operator (cluster DNS names)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from strategyjob.jobspec._model import REPLICA_TYPES, TRAINING_CONTAINER_NAME, StrategyJob
+
+#: Variables :func:`replica_env` sets (RANK and WORLD_SIZE only for chief and worker).
+ENV_TF_CONFIG = "TF_CONFIG"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_RANK = "RANK"
+ENV_JOB_NAME = "STRATEGYJOB_JOB_NAME"
+ENV_NAMESPACE = "STRATEGYJOB_NAMESPACE"
+ENV_STRATEGY = "STRATEGYJOB_STRATEGY"
+ENV_REPLICA_TYPE = "STRATEGYJOB_REPLICA_TYPE"
+ENV_REPLICA_INDEX = "STRATEGYJOB_REPLICA_INDEX"
+
+#: Replica types that take part in training collectives and get a torch rank.
+TRAINING_REPLICA_TYPES = ("chief", "worker")
+
+
+def leader(job: StrategyJob) -> tuple[str, int]:
+    """The replica that leads the job: chief 0, else worker 0 (TF's ``is_chief`` rule).
+    It hosts the torch rendezvous and saves checkpoints."""
+    if job.num_replicas("chief") > 0:
+        return ("chief", 0)
+    if job.num_replicas("worker") > 0:
+        return ("worker", 0)
+    raise ValueError(f"StrategyJob {job.name!r} has neither a chief nor a worker to lead it.")
+
+
+def success_replicas(job: StrategyJob) -> list[tuple[str, int]]:
+    """The replicas whose exit code 0 makes the job succeed.
+
+    Default policy: the leader alone. ``AllWorkers``: every chief and worker replica.
+    """
+    if job.success_policy == "AllWorkers":
+        return [(t, i) for t, i in job.replicas() if t in TRAINING_REPLICA_TYPES]
+    return [leader(job)]
+
+
+def training_container(pod_template: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The container that runs training and receives the injected environment:
+    the one named ``strategyjob``, else the first."""
+    containers = (pod_template.get("spec") or {}).get("containers") or []
+    if not containers:
+        raise ValueError("The pod template has no containers.")
+    for container in containers:
+        if container.get("name") == TRAINING_CONTAINER_NAME:
+            return container
+    return containers[0]
+
+
+def cluster_for_kubernetes(job: StrategyJob) -> dict[str, list[str]]:
+    """Every replica's in-cluster address, ``<job>-<type>-<i>.<job>.<namespace>.svc:<port>``
+    (pod hostname + the job's headless Service as subdomain), evaluator included."""
+    return {
+        replica_type: [
+            f"{job.pod_name(replica_type, i)}.{job.name}.{job.namespace}.svc:{job.port}"
+            for i in range(job.num_replicas(replica_type))
+        ]
+        for replica_type in REPLICA_TYPES
+        if job.num_replicas(replica_type) > 0
+    }
+
+
+def tf_config(cluster: Mapping[str, list[str]], replica_type: str, index: int) -> str:
+    """TF_CONFIG exactly as TensorFlow reads it: compact JSON, sorted keys, the
+    training cluster (the evaluator is left out: it evaluates on its own, and a
+    listed evaluator that never serves would hang a parameter-server coordinator)."""
+    training_cluster = {t: list(a) for t, a in cluster.items() if t != "evaluator" and a}
+    config = {"cluster": training_cluster, "task": {"type": replica_type, "index": index}}
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def replica_env(
+    job: StrategyJob, replica_type: str, index: int, cluster: Mapping[str, list[str]]
+) -> dict[str, str]:
+    """The whole environment injected into replica ``(replica_type, index)``.
+
+    ``cluster`` maps each replica type to its addresses (``host:port``), as
+    :func:`cluster_for_kubernetes` gives them or as the launcher allocates them.
+    """
+    count = job.num_replicas(replica_type)
+    if replica_type not in REPLICA_TYPES or not 0 <= index < count:
+        raise ValueError(
+            f"StrategyJob {job.name!r} has no replica {replica_type}-{index} "
+            f"(it has {count} {replica_type} replicas)."
+        )
+    for t, i in job.replicas():
+        if len(cluster.get(t, ())) <= i:
+            raise ValueError(f"The cluster has no address for {t}-{i}: {dict(cluster)!r}.")
+
+    leader_type, leader_index = leader(job)
+    master_host, _, master_port = cluster[leader_type][leader_index].rpartition(":")
+    env = {
+        ENV_TF_CONFIG: tf_config(cluster, replica_type, index),
+        ENV_MASTER_ADDR: master_host,
+        ENV_MASTER_PORT: master_port,
+        ENV_JOB_NAME: job.name,
+        ENV_NAMESPACE: job.namespace,
+        ENV_STRATEGY: job.strategy,
+        ENV_REPLICA_TYPE: replica_type,
+        ENV_REPLICA_INDEX: str(index),
+    }
+    if replica_type in TRAINING_REPLICA_TYPES:
+        num_chief = job.num_replicas("chief")
+        env[ENV_WORLD_SIZE] = str(num_chief + job.num_replicas("worker"))
+        env[ENV_RANK] = str(0 if replica_type == "chief" else index + num_chief)
+    return env

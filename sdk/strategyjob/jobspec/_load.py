@@ -1,0 +1,404 @@
+"""Parse and validate a StrategyJob manifest, collecting every problem at once."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from strategyjob.errors import StrategyJobError
+from strategyjob.jobspec import _messages as msg
+from strategyjob.jobspec._model import (
+    API_VERSION,
+    CLEAN_POD_POLICIES,
+    DEFAULT_BACKOFF_LIMIT,
+    DEFAULT_CLEAN_POD_POLICY,
+    DEFAULT_NAMESPACE,
+    DEFAULT_PORT,
+    DEFAULT_REPLICAS,
+    DEFAULT_RESTART_POLICY,
+    KIND,
+    MAX_NAME_LENGTH,
+    REPLICA_TYPES,
+    RESTART_POLICIES,
+    SINGLE_PROCESS_STRATEGIES,
+    STRATEGIES,
+    SUCCESS_POLICIES,
+    ReplicaSpec,
+    RunPolicy,
+    SchedulingPolicy,
+    StrategyJob,
+)
+
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+_TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+_SPEC_FIELDS = ("strategy", "replicaSpecs", "runPolicy", "successPolicy", "port")
+_REPLICA_FIELDS = ("replicas", "template", "restartPolicy")
+_RUN_POLICY_FIELDS = (
+    "backoffLimit",
+    "activeDeadlineSeconds",
+    "ttlSecondsAfterFinished",
+    "cleanPodPolicy",
+    "suspend",
+    "schedulingPolicy",
+)
+_SCHEDULING_FIELDS = ("minAvailable", "queue", "priorityClass")
+_MISSING = object()
+
+
+class ManifestError(StrategyJobError):
+    """A manifest is invalid. ``problems`` lists every problem, one sentence each."""
+
+    def __init__(self, problems: Sequence[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        super().__init__("\n".join(self.problems))
+
+
+class _Checker:
+    """Collects problems while reading typed fields out of plain mappings."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def add(self, template: str, value: Any = None, **fields: Any) -> None:
+        self.problems.append(template.format(value=msg.format_value(value), **fields))
+
+    def mapping(self, path: str, value: Any, known: Sequence[str] | None) -> Mapping[str, Any]:
+        """``value`` as a mapping (``{}`` when absent or wrong), reporting unknown fields."""
+        if value is None or value is _MISSING:
+            return {}
+        if not isinstance(value, Mapping):
+            self.add(msg.NOT_A_MAPPING, value, path=path)
+            return {}
+        if known is not None:
+            for key in value:
+                if key not in known:
+                    field_path = f"{path}.{key}" if path else str(key)
+                    self.add(msg.UNKNOWN_FIELD, key, path=field_path, known=", ".join(known))
+        return value
+
+    def integer(
+        self,
+        path: str,
+        value: Any,
+        default: int | None,
+        minimum: int | None = None,
+        maximum: int | None = None,
+    ) -> int | None:
+        if value is None or value is _MISSING:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.add(msg.NOT_AN_INTEGER, value, path=path, example=default or 1)
+            return default
+        if minimum is not None and value < minimum:
+            self.add(msg.INTEGER_TOO_SMALL, value, path=path, minimum=minimum)
+        elif maximum is not None and value > maximum:
+            self.add(msg.INTEGER_TOO_LARGE, value, path=path, maximum=maximum)
+        return value
+
+    def boolean(self, path: str, value: Any, default: bool) -> bool:
+        if value is None or value is _MISSING:
+            return default
+        if not isinstance(value, bool):
+            self.add(msg.NOT_A_BOOLEAN, value, path=path)
+            return default
+        return value
+
+    def string(self, path: str, value: Any, example: str) -> str | None:
+        if value is None or value is _MISSING:
+            return None
+        if not isinstance(value, str):
+            self.add(msg.NOT_A_STRING, value, path=path, example=example)
+            return None
+        return value
+
+    def one_of(self, path: str, value: Any, allowed: Sequence[str], default: str) -> str:
+        if value is None or value is _MISSING:
+            return default
+        if value not in allowed:
+            shown = ", ".join(repr(a) if a == "" else a for a in allowed)
+            self.add(msg.NOT_ONE_OF, value, path=path, allowed=shown)
+            return default
+        return value
+
+
+def load_manifest(obj: Any) -> StrategyJob:
+    """Parse and validate a StrategyJob manifest (the dict of a YAML document or an
+    API object). Raises :class:`ManifestError` listing every problem found."""
+    check = _Checker()
+    if not isinstance(obj, Mapping):
+        check.add(msg.NOT_A_MANIFEST, obj)
+        raise ManifestError(check.problems)
+    check.mapping("", obj, _TOP_LEVEL_FIELDS)
+    if obj.get("apiVersion") != API_VERSION:
+        check.add(msg.BAD_API_VERSION, obj.get("apiVersion"))
+    if obj.get("kind") != KIND:
+        check.add(msg.BAD_KIND, obj.get("kind"))
+
+    metadata = check.mapping("metadata", obj.get("metadata"), None)
+    name = _read_name(check, metadata)
+    namespace = metadata.get("namespace") or DEFAULT_NAMESPACE
+    if not isinstance(namespace, str) or not _DNS_1123_LABEL.match(namespace):
+        check.add(msg.BAD_NAMESPACE, namespace)
+
+    if obj.get("spec") is None:
+        check.add(msg.MISSING_SPEC, obj.get("spec"))
+        raise ManifestError(check.problems)
+    spec = check.mapping("spec", obj.get("spec"), _SPEC_FIELDS)
+    strategy = _read_strategy(check, spec)
+    before = len(check.problems)
+    replica_specs = _read_replica_specs(check, spec.get("replicaSpecs"))
+    counts_ok = not any(".replicas:" in p for p in check.problems[before:])
+    run_policy = _read_run_policy(check, spec.get("runPolicy"))
+    success_policy = check.one_of(
+        "spec.successPolicy", spec.get("successPolicy"), SUCCESS_POLICIES, ""
+    )
+    port = check.integer("spec.port", spec.get("port"), DEFAULT_PORT, 1, 65535)
+
+    if strategy is not None and replica_specs and counts_ok:
+        _check_topology(check, strategy, replica_specs)
+    if name is not None and replica_specs:
+        _check_name_length(check, name, replica_specs)
+    total = sum(r.replicas for r in replica_specs.values())
+    min_available = run_policy.scheduling_policy.min_available
+    if min_available is not None and replica_specs and min_available > total:
+        check.add(msg.MIN_AVAILABLE_TOO_LARGE, min_available, total=total)
+
+    if check.problems:
+        raise ManifestError(check.problems)
+    assert name is not None and strategy is not None and port is not None
+    return StrategyJob(
+        name=name,
+        namespace=namespace,
+        strategy=strategy,
+        replica_specs=replica_specs,
+        run_policy=run_policy,
+        success_policy=success_policy,
+        port=port,
+        labels=dict(metadata.get("labels") or {}),
+        annotations=dict(metadata.get("annotations") or {}),
+    )
+
+
+def load_manifest_file(path: str | Path) -> StrategyJob:
+    """Read a YAML (or JSON) manifest file and validate it. A missing or unreadable
+    file, or invalid YAML, raises :class:`ManifestError` naming the file."""
+    import yaml  # local: only file loading needs PyYAML
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(
+            [f"{path}: no such file. Check the path of the StrategyJob manifest."], str(path)
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError([f"{path}: cannot read the manifest ({e})."], str(path)) from None
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ManifestError(
+            [f"{path}: invalid YAML{where}: {problem}. Fix the YAML syntax."], str(path)
+        ) from None
+    if len(documents) != 1:
+        raise ManifestError(
+            [
+                f"{path}: expected one YAML document with a StrategyJob "
+                f"(got {len(documents)}). Put one StrategyJob in the file."
+            ],
+            str(path),
+        )
+    try:
+        return load_manifest(documents[0])
+    except ManifestError as e:
+        raise ManifestError([f"{path}: {p}" for p in e.problems], str(path)) from None
+
+
+def _read_name(check: _Checker, metadata: Mapping[str, Any]) -> str | None:
+    name = metadata.get("name")
+    if not name:
+        check.add(msg.MISSING_NAME, name)
+        return None
+    if not isinstance(name, str) or not _DNS_1035_LABEL.match(name):
+        check.add(msg.BAD_NAME, name)
+        return None
+    return name
+
+
+def _read_strategy(check: _Checker, spec: Mapping[str, Any]) -> str | None:
+    strategy = spec.get("strategy")
+    allowed = ", ".join(STRATEGIES)
+    if strategy is None or strategy == "":
+        check.add(msg.MISSING_STRATEGY, strategy, allowed=allowed)
+        return None
+    if strategy not in STRATEGIES:
+        check.add(msg.UNKNOWN_STRATEGY, strategy, allowed=allowed)
+        return None
+    return strategy
+
+
+def _read_replica_specs(check: _Checker, raw: Any) -> dict[str, ReplicaSpec]:
+    if raw is not None and not isinstance(raw, Mapping):
+        check.add(msg.NOT_A_MAPPING, raw, path="spec.replicaSpecs")
+        return {}
+    if not raw:
+        check.add(msg.MISSING_REPLICA_SPECS, raw)
+        return {}
+    for key in raw:
+        if key not in REPLICA_TYPES:
+            lower = str(key).lower()
+            hint = f" (write {lower!r} in lowercase)" if lower in REPLICA_TYPES else ""
+            if lower == "master":
+                hint = " (a TFJob Master is a chief here)"
+            check.add(msg.UNKNOWN_REPLICA_TYPE, key, replica_type=key, hint=hint)
+    specs: dict[str, ReplicaSpec] = {}
+    for replica_type in REPLICA_TYPES:
+        if replica_type not in raw:
+            continue
+        path = f"spec.replicaSpecs.{replica_type}"
+        fields = check.mapping(path, raw[replica_type], _REPLICA_FIELDS)
+        replicas = check.integer(
+            f"{path}.replicas", fields.get("replicas"), DEFAULT_REPLICAS, minimum=0
+        )
+        restart_policy = check.one_of(
+            f"{path}.restartPolicy",
+            fields.get("restartPolicy"),
+            RESTART_POLICIES,
+            DEFAULT_RESTART_POLICY,
+        )
+        template = _read_template(check, replica_type, fields.get("template"))
+        specs[replica_type] = ReplicaSpec(
+            replicas=max(replicas or 0, 0), template=template, restart_policy=restart_policy
+        )
+    return specs
+
+
+def _read_template(check: _Checker, replica_type: str, raw: Any) -> dict[str, Any]:
+    path = f"spec.replicaSpecs.{replica_type}.template"
+    if raw is None:
+        check.add(msg.MISSING_TEMPLATE, raw, replica_type=replica_type)
+        return {}
+    if not isinstance(raw, Mapping):
+        check.add(msg.NOT_A_MAPPING, raw, path=path)
+        return {}
+    template = raw
+    pod_spec = check.mapping(f"{path}.spec", template.get("spec"), None)
+    containers = pod_spec.get("containers")
+    if not isinstance(containers, Sequence) or isinstance(containers, str) or not containers:
+        check.add(msg.MISSING_CONTAINERS, containers, replica_type=replica_type)
+    else:
+        for index, container in enumerate(containers):
+            if not isinstance(container, Mapping) or not isinstance(container.get("name"), str):
+                check.add(msg.BAD_CONTAINER, container, replica_type=replica_type, index=index)
+    return copy.deepcopy(_plain(template))
+
+
+def _read_run_policy(check: _Checker, raw: Any) -> RunPolicy:
+    path = "spec.runPolicy"
+    fields = check.mapping(path, raw, _RUN_POLICY_FIELDS)
+    scheduling = check.mapping(
+        f"{path}.schedulingPolicy", fields.get("schedulingPolicy"), _SCHEDULING_FIELDS
+    )
+    backoff_limit = check.integer(
+        f"{path}.backoffLimit", fields.get("backoffLimit"), DEFAULT_BACKOFF_LIMIT, minimum=0
+    )
+    return RunPolicy(
+        backoff_limit=backoff_limit if backoff_limit is not None else DEFAULT_BACKOFF_LIMIT,
+        active_deadline_seconds=check.integer(
+            f"{path}.activeDeadlineSeconds", fields.get("activeDeadlineSeconds"), None, minimum=1
+        ),
+        ttl_seconds_after_finished=check.integer(
+            f"{path}.ttlSecondsAfterFinished",
+            fields.get("ttlSecondsAfterFinished"),
+            None,
+            minimum=0,
+        ),
+        clean_pod_policy=check.one_of(
+            f"{path}.cleanPodPolicy",
+            fields.get("cleanPodPolicy"),
+            CLEAN_POD_POLICIES,
+            DEFAULT_CLEAN_POD_POLICY,
+        ),
+        suspend=check.boolean(f"{path}.suspend", fields.get("suspend"), False),
+        scheduling_policy=SchedulingPolicy(
+            min_available=check.integer(
+                f"{path}.schedulingPolicy.minAvailable",
+                scheduling.get("minAvailable"),
+                None,
+                minimum=1,
+            ),
+            queue=check.string(
+                f"{path}.schedulingPolicy.queue", scheduling.get("queue"), "default"
+            ),
+            priority_class=check.string(
+                f"{path}.schedulingPolicy.priorityClass",
+                scheduling.get("priorityClass"),
+                "high-priority",
+            ),
+        ),
+    )
+
+
+def _check_topology(check: _Checker, strategy: str, specs: Mapping[str, ReplicaSpec]) -> None:
+    """The per-strategy rules on how many replicas of each type a job may have."""
+    count = {t: (specs[t].replicas if t in specs else 0) for t in REPLICA_TYPES}
+    for replica_type in ("chief", "evaluator"):
+        if count[replica_type] > 1:
+            check.add(msg.AT_MOST_ONE, count[replica_type], replica_type=replica_type)
+    training = count["chief"] + count["worker"]
+    shown = {t: count[t] for t in REPLICA_TYPES if t in specs}
+
+    if strategy == "ParameterServerStrategy":
+        if count["chief"] == 0:
+            check.add(msg.PS_NEEDS_CHIEF, count["chief"])
+        if count["worker"] == 0:
+            check.add(msg.PS_NEEDS_WORKER, count["worker"])
+        if count["ps"] == 0:
+            check.add(msg.PS_NEEDS_PS, count["ps"])
+        return
+    if count["ps"] > 0:
+        check.add(msg.TAKES_NO_PS, count["ps"], strategy=strategy)
+    if strategy == "TPUStrategy" and count["chief"] > 0:
+        check.add(msg.TPU_WORKERS_ONLY, count["chief"])
+    if strategy in SINGLE_PROCESS_STRATEGIES:
+        if training != 1:
+            check.add(msg.SINGLE_PROCESS, shown, strategy=strategy)
+    elif training == 0:
+        check.add(msg.NEEDS_CHIEF_OR_WORKER, shown, strategy=strategy)
+
+
+def _check_name_length(check: _Checker, name: str, specs: Mapping[str, ReplicaSpec]) -> None:
+    longest = ""
+    for replica_type, spec in specs.items():
+        if spec.replicas > 0:
+            pod_name = f"{name}-{replica_type}-{spec.replicas - 1}"
+            if len(pod_name) > len(longest):
+                longest = pod_name
+    if len(longest) > MAX_NAME_LENGTH:
+        suffix = len(longest) - len(name)
+        check.add(
+            msg.NAME_TOO_LONG,
+            name,
+            pod_name=longest,
+            length=len(longest),
+            max_length=MAX_NAME_LENGTH - suffix,
+        )
+
+
+def _plain(value: Any) -> Any:
+    """Convert Mapping/Sequence views (e.g. kopf bodies) to plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,130 @@
+"""Every manifest error message, as a format template.
+
+Each message reads ``<path>: <what is wrong> (got <value>). <fix>``. Tests, the
+launcher and the operator import these constants so that all of them show the
+same text. Fill ``{value}`` with :func:`format_value`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_MAX_VALUE_CHARS = 80
+
+
+def format_value(value: Any) -> str:
+    """How a offending value is shown after ``got``: JSON-like, shortened."""
+    try:
+        text = json.dumps(value, sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) > _MAX_VALUE_CHARS:
+        text = text[: _MAX_VALUE_CHARS - 3] + "..."
+    return text
+
+
+# --- document shape --------------------------------------------------------------------------
+NOT_A_MAPPING = "{path}: must be a mapping of fields (got {value}). Write it as `key: value` lines."
+NOT_A_MANIFEST = (
+    "manifest: a StrategyJob manifest must be a mapping (got {value}). "
+    "Start the file with apiVersion: strategyjob.dev/v1alpha1 and kind: StrategyJob."
+)
+BAD_API_VERSION = (
+    "apiVersion: unsupported apiVersion (got {value}). Use apiVersion: strategyjob.dev/v1alpha1."
+)
+BAD_KIND = "kind: unsupported kind (got {value}). Use kind: StrategyJob."
+UNKNOWN_FIELD = "{path}: unknown field (got {value}). Remove it or use one of: {known}."
+MISSING_SPEC = (
+    "spec: the manifest has no spec (got {value}). Add spec with strategy and replicaSpecs."
+)
+
+# --- metadata ----------------------------------------------------------------------------------
+MISSING_NAME = (
+    "metadata.name: the job needs a name (got {value}). Set metadata.name, e.g. name: mnist."
+)
+BAD_NAME = (
+    "metadata.name: must be lowercase letters, digits and '-', start with a letter and end "
+    "with a letter or digit (got {value}). Rename the job, e.g. mnist-train."
+)
+NAME_TOO_LONG = (
+    "metadata.name: too long, pod name {pod_name} would have {length} characters, more than 63 "
+    "(got {value}). Use a name of at most {max_length} characters."
+)
+BAD_NAMESPACE = (
+    "metadata.namespace: must be lowercase letters, digits and '-', starting and ending with "
+    "a letter or digit (got {value}). Use an existing namespace, e.g. default."
+)
+
+# --- generic field types -----------------------------------------------------------------------
+NOT_AN_INTEGER = "{path}: must be an integer (got {value}). Write a whole number, e.g. {example}."
+INTEGER_TOO_SMALL = "{path}: must be at least {minimum} (got {value}). Set it to {minimum} or more."
+INTEGER_TOO_LARGE = "{path}: must be at most {maximum} (got {value}). Set it to {maximum} or less."
+NOT_A_BOOLEAN = "{path}: must be true or false (got {value}). Write true or false."
+NOT_A_STRING = '{path}: must be a string (got {value}). Quote it, e.g. "{example}".'
+NOT_ONE_OF = "{path}: unknown value (got {value}). Use one of: {allowed}."
+
+# --- strategy and replicas ---------------------------------------------------------------------
+MISSING_STRATEGY = (
+    "spec.strategy: a strategy is required (got {value}). Set it to one of: {allowed}."
+)
+UNKNOWN_STRATEGY = "spec.strategy: unknown strategy (got {value}). Use one of: {allowed}."
+MISSING_REPLICA_SPECS = (
+    "spec.replicaSpecs: the job has no replicas (got {value}). "
+    "Add spec.replicaSpecs.worker with replicas and a template."
+)
+UNKNOWN_REPLICA_TYPE = (
+    "spec.replicaSpecs.{replica_type}: unknown replica type (got {value}). "
+    "Use chief, worker, ps or evaluator{hint}."
+)
+MISSING_TEMPLATE = (
+    "spec.replicaSpecs.{replica_type}.template: a pod template is required (got {value}). "
+    "Add template.spec.containers with a container named strategyjob."
+)
+MISSING_CONTAINERS = (
+    "spec.replicaSpecs.{replica_type}.template.spec.containers: the pod template has no "
+    "container (got {value}). Add a container named strategyjob with its image and command."
+)
+BAD_CONTAINER = (
+    "spec.replicaSpecs.{replica_type}.template.spec.containers[{index}]: a container needs a "
+    "name (got {value}). Add name: strategyjob."
+)
+
+# --- topology, per strategy --------------------------------------------------------------------
+AT_MOST_ONE = (
+    "spec.replicaSpecs.{replica_type}.replicas: there must be at most one {replica_type} "
+    "(got {value}). Set replicas: 1."
+)
+NEEDS_CHIEF_OR_WORKER = (
+    "spec.replicaSpecs: {strategy} needs at least one chief or worker replica (got {value}). "
+    "Add spec.replicaSpecs.worker with replicas: 1."
+)
+TAKES_NO_PS = (
+    "spec.replicaSpecs.ps: {strategy} takes no ps replicas (got {value}). "
+    "Remove spec.replicaSpecs.ps, or use ParameterServerStrategy."
+)
+SINGLE_PROCESS = (
+    "spec.replicaSpecs: {strategy} runs in one process and takes exactly one chief or worker "
+    "replica (got {value}). Use one worker with replicas: 1, or MultiWorkerMirroredStrategy "
+    "for several."
+)
+PS_NEEDS_CHIEF = (
+    "spec.replicaSpecs.chief: ParameterServerStrategy needs one chief, the coordinator "
+    "(got {value}). Add spec.replicaSpecs.chief with replicas: 1."
+)
+PS_NEEDS_WORKER = (
+    "spec.replicaSpecs.worker: ParameterServerStrategy needs at least one worker (got {value}). "
+    "Add spec.replicaSpecs.worker with replicas: 1 or more."
+)
+PS_NEEDS_PS = (
+    "spec.replicaSpecs.ps: ParameterServerStrategy needs at least one ps replica (got {value}). "
+    "Add spec.replicaSpecs.ps with replicas: 1 or more."
+)
+TPU_WORKERS_ONLY = (
+    "spec.replicaSpecs.chief: TPUStrategy takes worker replicas only (got {value}). "
+    "Remove spec.replicaSpecs.chief; worker 0 leads the job."
+)
+MIN_AVAILABLE_TOO_LARGE = (
+    "spec.runPolicy.schedulingPolicy.minAvailable: more than the job's {total} replicas "
+    "(got {value}). Set it to at most {total}."
+)

@@ -1,0 +1,122 @@
+"""The StrategyJob manifest as frozen dataclasses.
+
+One definition of the fields, their defaults and their allowed values, read by
+``strategyjob run`` and by the operator alike (the CRD in ``crds/`` mirrors it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+API_VERSION = "strategyjob.dev/v1alpha1"
+KIND = "StrategyJob"
+
+STRATEGIES: tuple[str, ...] = (
+    "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
+    "ParameterServerStrategy",
+    "CentralStorageStrategy",
+    "TPUStrategy",
+    "OneDeviceStrategy",
+)
+#: Strategies that run as one process (exactly one chief or worker).
+SINGLE_PROCESS_STRATEGIES: tuple[str, ...] = (
+    "MirroredStrategy",
+    "CentralStorageStrategy",
+    "OneDeviceStrategy",
+)
+#: Strategies whose replicas synchronise with collectives: losing one replica stops
+#: every other, so a retryable failure restarts the whole job.
+COLLECTIVE_STRATEGIES: tuple[str, ...] = tuple(
+    s for s in STRATEGIES if s != "ParameterServerStrategy"
+)
+
+#: Replica types in the order they are listed, created and reported.
+REPLICA_TYPES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
+RESTART_POLICIES: tuple[str, ...] = ("Never", "OnFailure", "Always", "ExitCode")
+CLEAN_POD_POLICIES: tuple[str, ...] = ("None", "Running", "All")
+#: "" means: the job succeeds when the chief succeeds (worker 0 when there is no chief).
+SUCCESS_POLICIES: tuple[str, ...] = ("", "AllWorkers")
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_PORT = 2222
+DEFAULT_REPLICAS = 1
+DEFAULT_RESTART_POLICY = "Never"
+DEFAULT_BACKOFF_LIMIT = 6
+DEFAULT_CLEAN_POD_POLICY = "Running"
+#: Longest Kubernetes pod name / DNS label.
+MAX_NAME_LENGTH = 63
+#: Container that receives the injected environment; the first container otherwise.
+TRAINING_CONTAINER_NAME = "strategyjob"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One replica type: how many pods, their pod template, and how failures restart."""
+
+    replicas: int = DEFAULT_REPLICAS
+    template: Mapping[str, Any] = field(default_factory=dict)
+    restart_policy: str = DEFAULT_RESTART_POLICY
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """Gang-scheduling hints passed to the batch scheduler (Volcano, Kueue)."""
+
+    min_available: int | None = None
+    queue: str | None = None
+    priority_class: str | None = None
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    """Job-level lifecycle: restart budget, deadline, cleanup and suspension."""
+
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    active_deadline_seconds: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    clean_pod_policy: str = DEFAULT_CLEAN_POD_POLICY
+    suspend: bool = False
+    scheduling_policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
+
+
+@dataclass(frozen=True)
+class StrategyJob:
+    """A validated StrategyJob. Build it with :func:`load_manifest`.
+
+    ``replica_specs`` holds only the replica types the manifest names, in
+    :data:`REPLICA_TYPES` order.
+    """
+
+    name: str
+    strategy: str
+    replica_specs: Mapping[str, ReplicaSpec]
+    namespace: str = DEFAULT_NAMESPACE
+    run_policy: RunPolicy = field(default_factory=RunPolicy)
+    success_policy: str = ""
+    port: int = DEFAULT_PORT
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def num_replicas(self, replica_type: str) -> int:
+        """Replicas of ``replica_type``; 0 when the manifest does not name it."""
+        spec = self.replica_specs.get(replica_type)
+        return spec.replicas if spec is not None else 0
+
+    @property
+    def total_replicas(self) -> int:
+        return sum(spec.replicas for spec in self.replica_specs.values())
+
+    def replicas(self) -> list[tuple[str, int]]:
+        """Every ``(replica_type, index)`` of the job, chief first."""
+        return [
+            (replica_type, index)
+            for replica_type in REPLICA_TYPES
+            for index in range(self.num_replicas(replica_type))
+        ]
+
+    def pod_name(self, replica_type: str, index: int) -> str:
+        """``<job>-<type>-<index>``: the pod's name and hostname."""
+        return f"{self.name}-{replica_type}-{index}"

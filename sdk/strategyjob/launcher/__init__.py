@@ -1,0 +1,55 @@
+"""The local launcher behind ``strategyjob run``: one process per replica on this
+machine, with the environment the operator injects in a cluster. Torch-free."""
+
+from strategyjob.launcher._decision import (
+    Decision,
+    Failure,
+    Phase,
+    ReplicaExit,
+    decide,
+    is_retryable,
+)
+from strategyjob.launcher._output import Console
+from strategyjob.launcher._plan import (
+    LaunchError,
+    ReplicaLaunch,
+    build_launches,
+    check_runnable,
+    expand,
+    free_ports,
+    local_cluster,
+)
+from strategyjob.launcher._runner import (
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_SUCCEEDED,
+    RunOptions,
+    run_file,
+    run_job,
+)
+from strategyjob.launcher._supervisor import LocalProcessSupervisor, ProcessSupervisor
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INVALID",
+    "EXIT_SUCCEEDED",
+    "Console",
+    "Decision",
+    "Failure",
+    "LaunchError",
+    "LocalProcessSupervisor",
+    "Phase",
+    "ProcessSupervisor",
+    "ReplicaExit",
+    "ReplicaLaunch",
+    "RunOptions",
+    "build_launches",
+    "check_runnable",
+    "decide",
+    "expand",
+    "free_ports",
+    "is_retryable",
+    "local_cluster",
+    "run_file",
+    "run_job",
+]

@@ -1,0 +1,178 @@
+"""What the launcher starts for each replica: its command line, environment and
+working directory, computed from the manifest before any process starts."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strategyjob.errors import StrategyJobError
+from strategyjob.jobspec import (
+    REPLICA_TYPES,
+    StrategyJob,
+    replica_env,
+    training_container,
+)
+
+LOCAL_HOST = "127.0.0.1"
+#: Rendezvous variables never inherited from the launcher's own environment.
+_CLEARED_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+_PYTHON_NAMES = ("python", "python3")
+_VAR_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+class LaunchError(StrategyJobError):
+    """The manifest is valid but cannot run locally (e.g. a container has no command)."""
+
+
+@dataclass(frozen=True)
+class ReplicaLaunch:
+    """One local process: which replica, what to run, with which environment, where."""
+
+    replica_type: str
+    index: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.replica_type, self.index)
+
+    @property
+    def name(self) -> str:
+        return f"{self.replica_type}-{self.index}"
+
+
+def expand(text: str, variables: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: a defined variable is replaced, an undefined
+    reference stays as written, and ``$$`` is an escaped ``$``."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "$"
+        return variables.get(name, match.group(0))
+
+    return _VAR_REFERENCE.sub(replace, text)
+
+
+def free_ports(count: int, host: str = LOCAL_HOST) -> list[int]:
+    """``count`` distinct ports free on ``host`` now (all sockets held until every
+    port is chosen, so no port is handed out twice)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def local_cluster(job: StrategyJob, ports: list[int] | None = None) -> dict[str, list[str]]:
+    """Every replica's address on 127.0.0.1 with a free port, evaluator included."""
+    keys = job.replicas()
+    ports = ports if ports is not None else free_ports(len(keys))
+    cluster: dict[str, list[str]] = {}
+    for (replica_type, _), port in zip(keys, ports, strict=True):
+        cluster.setdefault(replica_type, []).append(f"{LOCAL_HOST}:{port}")
+    return cluster
+
+
+def check_runnable(job: StrategyJob) -> None:
+    """Raise :class:`LaunchError` listing every replica type that cannot start locally."""
+    problems = []
+    for replica_type in REPLICA_TYPES:
+        spec = job.replica_specs.get(replica_type)
+        if spec is None or spec.replicas == 0:
+            continue
+        container = training_container(spec.template)
+        path = _container_path(spec.template, container, replica_type)
+        command = list(container.get("command") or []) + list(container.get("args") or [])
+        if not container.get("command"):
+            problems.append(
+                f"{path}.command: strategyjob run needs a command to start the replica "
+                f'(got {container.get("command")!r}). Add command: ["python", "train.py"].'
+            )
+        elif not all(isinstance(part, str | int | float) for part in command):
+            problems.append(
+                f"{path}.command: every part of command and args must be a string "
+                f"(got {command!r}). Quote each part."
+            )
+        for i, entry in enumerate(container.get("env") or []):
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+                problems.append(
+                    f"{path}.env[{i}]: an env entry needs a name (got {entry!r}). "
+                    "Write - name: VAR and value: text."
+                )
+    if problems:
+        raise LaunchError("\n".join(problems))
+
+
+def build_launches(
+    job: StrategyJob,
+    workdir: str | Path,
+    cluster: Mapping[str, list[str]],
+    base_env: Mapping[str, str] | None = None,
+    warn: Any = None,
+) -> list[ReplicaLaunch]:
+    """The process of every replica: the training container's command and args
+    (``$(VAR)`` expanded; ``python`` is this interpreter), its plain env values plus
+    :func:`replica_env`, run in ``workdir``."""
+    check_runnable(job)
+    base = dict(os.environ if base_env is None else base_env)
+    for name in _CLEARED_ENV:
+        base.pop(name, None)
+    launches = []
+    for replica_type, index in job.replicas():
+        spec = job.replica_specs[replica_type]
+        container = training_container(spec.template)
+        injected = replica_env(job, replica_type, index, cluster)
+        container_env: dict[str, str] = {}
+        for entry in container.get("env") or []:
+            if "value" not in entry and "valueFrom" in entry:
+                if warn is not None:
+                    warn(
+                        f"{replica_type}-{index}: env {entry['name']} uses valueFrom, which "
+                        "strategyjob run cannot resolve locally; it is left unset."
+                    )
+                continue
+            scope = {**container_env, **injected}
+            container_env[entry["name"]] = expand(str(entry.get("value", "")), scope)
+        variables = {**container_env, **injected}
+        argv = [
+            expand(str(part), variables)
+            for part in list(container.get("command") or []) + list(container.get("args") or [])
+        ]
+        if argv[0] in _PYTHON_NAMES:
+            argv[0] = sys.executable
+        env = {**base, **container_env, **injected}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        launches.append(
+            ReplicaLaunch(replica_type, index, tuple(argv), env, str(Path(workdir).resolve()))
+        )
+    return launches
+
+
+def _container_path(
+    template: Mapping[str, Any], container: Mapping[str, Any], replica_type: str
+) -> str:
+    containers = template["spec"]["containers"]
+    index = next(i for i, c in enumerate(containers) if c is container)
+    return f"spec.replicaSpecs.{replica_type}.template.spec.containers[{index}]"

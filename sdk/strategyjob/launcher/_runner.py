@@ -1,0 +1,237 @@
+"""``strategyjob run``: run a StrategyJob as local processes until it succeeds or fails."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from strategyjob.jobspec import TRAINING_REPLICA_TYPES, StrategyJob, load_manifest_file
+from strategyjob.launcher._decision import Decision, Phase, ReplicaKey, decide, replica_name
+from strategyjob.launcher._output import Console, format_elapsed
+from strategyjob.launcher._plan import ReplicaLaunch, build_launches, check_runnable, local_cluster
+from strategyjob.launcher._supervisor import LocalProcessSupervisor
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+_STATUS_REFRESH_SECONDS = 0.5
+_PREFIX = "strategyjob:"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the launcher stops things. ``grace_period``: seconds between SIGTERM and
+    SIGKILL. ``finish_timeout``: after success, how long the other chief/worker
+    replicas may take to finish on their own before they are stopped."""
+
+    grace_period: float = 10.0
+    finish_timeout: float = 30.0
+    live_status: bool | None = None  # None: when stdout is a TTY
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+
+def run_file(path: str | Path, options: RunOptions | None = None, out: TextIO | None = None) -> int:
+    """Validate the manifest at ``path`` (raising ``ManifestError``/``LaunchError``
+    before anything starts), then run it. Returns the process exit code."""
+    job = load_manifest_file(path)
+    check_runnable(job)
+    return run_job(job, Path(path).resolve().parent, options, out)
+
+
+def run_job(
+    job: StrategyJob,
+    workdir: str | Path,
+    options: RunOptions | None = None,
+    out: TextIO | None = None,
+) -> int:
+    """Run ``job`` with one local process per replica in ``workdir``; returns 0 if it
+    succeeded, 1 if it failed, ``128 + signal`` if interrupted by SIGINT/SIGTERM."""
+    options = options or RunOptions()
+    out = out or sys.stdout
+    live = options.live_status if options.live_status is not None else out.isatty()
+    console = Console(out, live_status=live)
+    return _JobRun(job, Path(workdir), options, console).run()
+
+
+class _JobRun:
+    def __init__(self, job: StrategyJob, workdir: Path, options: RunOptions, console: Console):
+        self.job = job
+        self.workdir = workdir
+        self.options = options
+        self.console = console
+        self.supervisor = LocalProcessSupervisor(console)
+        self.started = time.monotonic()
+        self.restarts = 0
+        self.interrupt: int | None = None
+
+    # -- top level ------------------------------------------------------------------------------
+    def run(self) -> int:
+        with self._signals_stop_the_job():
+            try:
+                return self._run_attempts()
+            except _Interrupted as e:
+                self.console.clear_status()
+                self.say(f"received {signal.Signals(e.signum).name}, stopping every replica")
+                stopped = self.supervisor.stop(grace=self.options.grace_period)
+                self.say(
+                    f"job {self.job.name} interrupted after {self.elapsed()}; "
+                    f"stopped {_names(stopped) or 'nothing'}"
+                )
+                return 128 + e.signum
+            finally:
+                self.supervisor.stop(grace=self.options.grace_period)
+
+    def _run_attempts(self) -> int:
+        if self.job.run_policy.suspend:
+            self.say("spec.runPolicy.suspend is true; strategyjob run ignores it and runs the job")
+        launches = self._start_all()
+        while True:
+            decision = self._wait_for_decision()
+            if decision.phase is Phase.RUNNING:
+                continue
+            if decision.phase is Phase.SUCCEEDED:
+                return self._finish_succeeded(decision)
+            if decision.phase is Phase.FAILED:
+                return self._finish_failed(decision)
+            self.restarts += 1
+            limit = self.job.run_policy.backoff_limit
+            if decision.phase is Phase.RESTART_REPLICAS:
+                self.say(
+                    f"{decision.reason}; restarting {_names(decision.restart)} "
+                    f"(restart {self.restarts} of {limit})"
+                )
+                for key in decision.restart:
+                    self.supervisor.start(launches[key])
+            else:
+                self.say(
+                    f"{decision.reason}; restarting the whole job "
+                    f"(restart {self.restarts} of {limit})"
+                )
+                self.supervisor.stop(grace=self.options.grace_period)
+                self.supervisor.forget()
+                launches = self._start_all()
+
+    def _start_all(self) -> dict[ReplicaKey, ReplicaLaunch]:
+        cluster = local_cluster(self.job)
+        launches = build_launches(self.job, self.workdir, cluster, warn=self.say)
+        addresses = ", ".join(
+            f"{launch.name} ({cluster[launch.replica_type][launch.index]})" for launch in launches
+        )
+        self.say(f"job {self.job.name} [{self.job.strategy}] starting {addresses}")
+        for launch in launches:
+            self.supervisor.start(launch)
+        return {launch.key: launch for launch in launches}
+
+    def _wait_for_decision(self) -> Decision:
+        while True:
+            self._check_interrupt()
+            decision = decide(self.job, self.supervisor.exits(), self.restarts, self._seconds())
+            self._show_status()
+            if decision.phase is not Phase.RUNNING:
+                return decision
+            self.supervisor.wait(_STATUS_REFRESH_SECONDS)
+
+    # -- endings --------------------------------------------------------------------------------
+    def _finish_succeeded(self, decision: Decision) -> int:
+        # Other workers usually finish within moments of the leader; give them time
+        # to write their last output, then stop what is left (ps, evaluator).
+        training = [k for k in self.supervisor.running() if k[0] in TRAINING_REPLICA_TYPES]
+        deadline = time.monotonic() + self.options.finish_timeout
+        while training and time.monotonic() < deadline:
+            self._check_interrupt()
+            self.supervisor.wait(min(_STATUS_REFRESH_SECONDS, deadline - time.monotonic()))
+            running = set(self.supervisor.running())
+            training = [k for k in training if k in running]
+        stopped = self.supervisor.stop(grace=self.options.grace_period)
+        self.console.clear_status()
+        exits = self.supervisor.exits()
+        late_failures = [
+            f"{replica_name(k)} {e.describe()}"
+            for k, e in sorted(exits.items(), key=lambda item: item[1].sequence)
+            if not e.succeeded and k not in stopped
+        ]
+        succeeded = sum(1 for e in exits.values() if e.succeeded)
+        summary = f"job {self.job.name} succeeded in {self.elapsed()} ({decision.reason}"
+        summary += f"; {succeeded} of {len(exits)} replicas exited 0"
+        if stopped:
+            summary += f"; stopped {_names(stopped)}"
+        if self.restarts:
+            summary += f"; {self.restarts} restarts"
+        self.say(summary + ")")
+        for failure in late_failures:
+            self.say(f"  after success: {failure}")
+        return 0
+
+    def _finish_failed(self, decision: Decision) -> int:
+        stopped = self.supervisor.stop(grace=self.options.grace_period)
+        self.console.clear_status()
+        self.say(f"job {self.job.name} failed after {self.elapsed()}: {decision.reason}")
+        for failure in decision.failures[1:]:
+            self.say(f"  then: {failure.describe()}")
+        if stopped:
+            self.say(f"  stopped: {_names(stopped)}")
+        return 1
+
+    # -- helpers --------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self.console.line(f"{_PREFIX} {text}")
+
+    def _seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def elapsed(self) -> str:
+        return format_elapsed(self._seconds())
+
+    def _show_status(self) -> None:
+        exits = self.supervisor.exits()
+        running = len(self.supervisor.running())
+        succeeded = sum(1 for e in exits.values() if e.succeeded)
+        failed = len(exits) - succeeded
+        restarts = f", restarts {self.restarts}" if self.restarts else ""
+        self.console.status(
+            f"{_PREFIX} {self.job.name} [{self.job.strategy}] running {running}, "
+            f"succeeded {succeeded}, failed {failed}{restarts}, elapsed {self.elapsed()}"
+        )
+
+    def _check_interrupt(self) -> None:
+        if self.interrupt is not None:
+            raise _Interrupted(self.interrupt)
+
+    @contextmanager
+    def _signals_stop_the_job(self):
+        """SIGINT/SIGTERM end the run through the normal stop path (no orphans)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: object) -> None:
+            if self.interrupt is None:
+                self.interrupt = signum
+            else:
+                # A second Ctrl-C does not wait for the grace period.
+                self.supervisor.kill_all()
+            self.supervisor.wake()
+
+        previous: dict[int, Callable | int | None] = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, handler)
+        try:
+            yield
+        finally:
+            for signum, old in previous.items():
+                signal.signal(signum, old)
+
+
+def _names(keys) -> str:
+    return ", ".join(replica_name(k) for k in sorted(keys))

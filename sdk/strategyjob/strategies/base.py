@@ -1,0 +1,873 @@
+"""``Strategy``, ``StrategyExtended``, ``RunOptions`` and the default strategy.
+
+A strategy is a thin public facade over its ``extended`` object. Concrete strategies implement
+a handful of hooks on their ``StrategyExtended`` (local devices, worker count and index,
+cross-worker collectives); everything else here — reductions with TF's axis and MEAN rules,
+gathers, ``reduce_to``/``batch_reduce_to``/``update``, local results — is written once on top
+of them. Every cross-replica reduction goes through :meth:`StrategyExtended._all_reduce_flat`:
+the local replicas' components are summed in-process, then the per-worker sums go through
+``_cross_worker_all_reduce`` (identity in one process; ``torch.distributed`` in
+MultiWorkerMirroredStrategy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import math
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from strategyjob import _context, _nest
+from strategyjob._devices import LogicalDevice, canonicalize, to_device
+from strategyjob._reduce import ReduceOp, to_reduce_op
+from strategyjob._values import (
+    DistributedValues,
+    Mirrored,
+    PerReplica,
+    ValueContext,
+    is_distributed_variable,
+    regroup,
+    select_replica,
+)
+from strategyjob.input.options import AutoShardPolicy
+
+__all__ = ["InputWorker", "RunOptions", "Strategy", "StrategyExtended"]
+
+GATHER_REQUIRES_CROSS_REPLICA = (
+    "tf.distribute.Strategy.gather method requires cross-replica context, use "
+    "get_replica_context().all_gather() instead"
+)
+
+
+class RunOptions(NamedTuple):
+    """Options for ``Strategy.run`` (``tf.distribute.RunOptions``); accepted for compatibility."""
+
+    experimental_enable_dynamic_batch_size: bool = True
+    experimental_bucketizing_dynamic_shape: bool = False
+    experimental_xla_options: Any = None
+
+
+class InputWorker(NamedTuple):
+    """One input pipeline of this process: its host device and the replicas it feeds."""
+
+    device: torch.device
+    compute_devices: tuple[torch.device, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor helpers
+
+
+def _to_tensor(value: Any) -> torch.Tensor:
+    """A tensor for a component: tensors as is, variables read, Python/numpy values converted."""
+    if isinstance(value, torch.Tensor):
+        return value
+    read = getattr(value, "read_value", None)
+    if callable(read):
+        return read()
+    return torch.as_tensor(value)
+
+
+def _copy_to(tensor: Any, device: torch.device | None, *, clone: bool) -> Any:
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    moved = to_device(tensor, device) if device is not None else tensor
+    return moved.clone() if clone and moved is tensor else moved
+
+
+def _device_of(value: Any) -> torch.device | None:
+    device = getattr(value, "_logical_device", None) or getattr(value, "device", None)
+    if device is None or device == "":
+        return None
+    return canonicalize(device).torch_device
+
+
+def _divide(total: torch.Tensor, count: int | torch.Tensor) -> torch.Tensor:
+    if total.is_floating_point() or total.is_complex():
+        return total / count
+    return torch.div(total, count, rounding_mode="floor")
+
+
+def _normalize_axes(axis: Any) -> tuple[int, ...]:
+    if isinstance(axis, bool) or not isinstance(axis, (int, tuple, list)):
+        raise TypeError(f"Expected `axis` to be an integer, tuple or list not: {axis!r}")
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
+        raise TypeError(f"Expected `axis` to be an integer, tuple or list not: {axis!r}")
+    return axes
+
+
+def _resolve_axes(axes: tuple[int, ...], tensor: torch.Tensor) -> tuple[int, ...]:
+    rank = tensor.dim()
+    for a in axes:
+        if not -rank <= a < rank:
+            raise ValueError(f"`axis` = {a} out of range for `value` with rank {rank}")
+    return tuple(a % rank for a in axes)
+
+
+def _sum_over(value: Any, axes: tuple[int, ...]) -> torch.Tensor:
+    tensor = _to_tensor(value)
+    resolved = _resolve_axes(axes, tensor)
+    return tensor.sum(dim=resolved) if resolved else tensor
+
+
+def _count_over(value: Any, axes: tuple[int, ...]) -> torch.Tensor:
+    tensor = _to_tensor(value)
+    resolved = _resolve_axes(axes, tensor)
+    return torch.tensor(math.prod(tensor.shape[a] for a in resolved), dtype=torch.int64)
+
+
+def _check_gatherable(tensor: torch.Tensor, axis: int, what: str) -> int:
+    if tensor.is_sparse:
+        raise NotImplementedError(f"{what} does not support IndexedSlices")
+    if tensor.dim() == 0:
+        raise ValueError(
+            f"`{what}` needs components of rank >= 1, got a scalar (rank 0). Give each replica's "
+            "value a leading dimension first, e.g. `value.unsqueeze(0)` (TF: `expand_dims`)."
+        )
+    rank = tensor.dim()
+    if not -rank <= axis < rank:
+        raise ValueError(f"`axis` = {axis} out of range for `value` with rank {rank}")
+    return axis % rank
+
+
+def _is_mirrored(value: Any) -> bool:
+    """``Mirrored`` or a MirroredVariable (whose components are always equal)."""
+    if isinstance(value, Mirrored):
+        return True
+    return type(value).__name__ == "MirroredVariable" and is_distributed_variable(value)
+
+
+def _all_zero(value: Any) -> bool:
+    try:
+        return bool(np.all(np.asarray(value) == 0))
+    except (TypeError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# StrategyExtended
+
+
+class StrategyExtended:
+    """Additional APIs for algorithms that need to be distribution-aware (TF's ``extended``).
+
+    Hooks a concrete strategy sets or overrides: ``_logical_devices`` (one ``LogicalDevice``
+    per local replica), ``_num_workers``, ``_worker_index``, ``_cross_worker_all_reduce``,
+    ``_cross_worker_all_gather``, ``_broadcast_from_chief``, ``_any_worker_has_data``,
+    ``_create_variable``, ``_register_parameter``, ``_call_for_each_replica``.
+    """
+
+    _num_workers: int = 1
+    _worker_index: int = 0
+
+    def __init__(self, container_strategy: Strategy) -> None:
+        self._container_strategy_weakref = weakref.ref(container_strategy)
+        self._logical_devices: tuple[LogicalDevice, ...] = (LogicalDevice("cpu", 0),)
+        self._cluster_resolver: Any = None
+
+    def _container_strategy(self) -> Strategy:
+        strategy = self._container_strategy_weakref()
+        if strategy is None:
+            raise RuntimeError(
+                "The strategy of this StrategyExtended was garbage-collected; keep a reference "
+                "to the strategy object while using its `extended`."
+            )
+        return strategy
+
+    # --- topology hooks -------------------------------------------------------------------
+    @property
+    def _local_devices(self) -> tuple[torch.device, ...]:
+        """One torch device per local replica (CPU devices keep their logical index)."""
+        return tuple(d.torch_device for d in self._logical_devices)
+
+    def _global_replica_id(self, local_id: int) -> int:
+        return self._worker_index * len(self._logical_devices) + local_id
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return self._num_workers * len(self._logical_devices)
+
+    def _in_multi_worker_mode(self) -> bool:
+        return self._num_workers > 1
+
+    def _replica_device_name(self, local_id: int) -> str:
+        return self._logical_devices[local_id].name
+
+    def _input_host(self) -> LogicalDevice:
+        return self._logical_devices[0].host_cpu
+
+    def _input_workers(self) -> tuple[InputWorker, ...]:
+        """This process's input pipelines: one, on the host CPU, feeding every local replica."""
+        return (InputWorker(self._input_host().torch_device, self._local_devices),)
+
+    # --- cross-worker hooks (identity within one process) ---------------------------------
+    def _cross_worker_all_reduce(
+        self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Reduce each tensor across workers. Inputs may be the caller's tensors: do not modify
+        them in place. Called with ``ReduceOp.SUM`` by the in-process reductions."""
+        return list(tensors)
+
+    def _cross_worker_all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        """Concatenate this worker's ``tensor`` with the other workers', in worker order."""
+        return tensor
+
+    def _broadcast_from_chief(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def _any_worker_has_data(self, flag: bool) -> bool:
+        return flag
+
+    def _replica_timeout(self) -> float | None:
+        """Seconds replicas may wait for each other at a merge call (None: forever)."""
+        return None
+
+    # --- scope hooks ------------------------------------------------------------------------
+    def _scope(self, strategy: Strategy) -> Any:
+        return _context.CrossReplicaScope(strategy)
+
+    def _enter_scope(self) -> None:
+        """Runs when this strategy's scope is entered (not on re-entry)."""
+        # Gradient synchronisation installs its torch hooks when imported; the hooks look up
+        # the strategy in scope through `_context`.
+        if "strategyjob.collective.grad_sync" not in sys.modules:
+            importlib.import_module("strategyjob.collective.grad_sync")
+
+    def _exit_scope(self) -> None:
+        """Runs when this strategy's outermost scope is exited."""
+
+    # --- variables and parameters ---------------------------------------------------------
+    def _create_variable(
+        self,
+        initial_value: Any,
+        *,
+        trainable: bool | None = None,
+        name: str | None = None,
+        synchronization: Any = None,
+        aggregation: Any = None,
+    ) -> Any:
+        from strategyjob import _variables
+
+        return _variables.create_distributed_variable(
+            self._container_strategy(),
+            initial_value,
+            trainable=trainable,
+            name=name,
+            **_enum_kwargs(synchronization, aggregation),
+        )
+
+    def _register_parameter(self, param: torch.nn.Parameter) -> None:
+        """Called for each ``nn.Parameter`` created in scope; gradient sync fills this in."""
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        """Whether ``v`` was created while this strategy's scope was active."""
+        return getattr(v, "_distribute_strategy", None) is self._container_strategy()
+
+    def value_container(self, value: Any) -> Any:
+        """The distributed variable that ``value`` is a component of, else ``value``."""
+        getter = getattr(value, "_distributed_container", None)
+        container = getter() if callable(getter) else None
+        return container if container is not None else value
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
+        """Accepted for compatibility: variables are always placed per replica device."""
+        yield
+
+    # --- devices and roles ------------------------------------------------------------------
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The devices used to run replicas on this worker, as TF device names."""
+        return tuple(d.name for d in self._logical_devices)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """The devices holding variable components."""
+        return tuple(d.name for d in self._logical_devices)
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return False
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return True
+
+    @property
+    def should_save_summary(self) -> bool:
+        return True
+
+    # --- input distribution (strategyjob.input reads the hooks above) ----------------------
+    _rebatch = True  # split global batches across replicas
+
+    def _experimental_distribute_dataset(
+        self, dataset: Any, options: Any, auto_shard_policy: Any
+    ) -> Any:
+        return _input_module().distribute_dataset(
+            dataset,
+            extended=self,
+            options=options,
+            auto_shard_policy=_auto_shard(auto_shard_policy),
+            rebatch=self._rebatch,
+        )
+
+    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+        return _input_module().distribute_datasets_from_function(
+            dataset_fn, extended=self, options=options
+        )
+
+    # --- running replicas -----------------------------------------------------------------
+    def call_for_each_replica(
+        self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: dict | None = None
+    ) -> Any:
+        """Run ``fn`` once per replica (prefer ``Strategy.run``)."""
+        _context.require_cross_replica_or_default_context_extended(self)
+        if kwargs is None:
+            kwargs = {}
+        with self._container_strategy().scope():
+            return self._call_for_each_replica(fn, tuple(args), kwargs)
+
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement _call_for_each_replica")
+
+    def _make_replica_context(self, local_id: int) -> _context.ReplicaContext:
+        return _context.ReplicaContext(
+            self._container_strategy(),
+            self._global_replica_id(local_id),
+            _local_replica_id=local_id,
+        )
+
+    # --- local results and values ---------------------------------------------------------
+    def _local_results(self, value: Any) -> tuple:
+        if isinstance(value, DistributedValues):
+            return value.values
+        if _nest.is_nested(value) and any(
+            isinstance(x, DistributedValues) for x in _nest.flatten(value)
+        ):
+            count = len(self._logical_devices)
+            return tuple(
+                _nest.map_structure(
+                    lambda x, i=i: x.values[i] if isinstance(x, DistributedValues) else x, value
+                )
+                for i in range(count)
+            )
+        return (value,)
+
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        results = [
+            value_fn(ValueContext(self._global_replica_id(i), self.num_replicas_in_sync))
+            for i in range(len(self._logical_devices))
+        ]
+        return regroup(results, always_wrap=True)
+
+    def _map_local(self, fn: Callable[[Any], Any], value: Any) -> Any:
+        """``run(fn, args=(value,))`` without threads, for elementwise per-replica helpers."""
+        if isinstance(value, DistributedValues):
+            results = [fn(c) for c in value.values]
+        else:
+            results = [fn(value) for _ in self._logical_devices]
+        return regroup(results)
+
+    # --- reductions: the single path of every cross-replica reduction ----------------------
+    def _all_reduce_flat(
+        self, reduce_op: ReduceOp, components: Sequence[Sequence[Any]]
+    ) -> list[torch.Tensor]:
+        """``components[j]`` holds value j's local components; returns value j reduced globally.
+
+        Local replicas are summed in-process, the sums go through ``_cross_worker_all_reduce``
+        (SUM), and MEAN divides by ``num_replicas_in_sync``.
+        """
+        local_sums = []
+        for parts in components:
+            tensors = [_to_tensor(p) for p in parts]
+            total = tensors[0]
+            for t in tensors[1:]:
+                total = total + to_device(t, total.device)
+            local_sums.append(total)
+        summed = self._cross_worker_all_reduce(ReduceOp.SUM, local_sums)
+        if reduce_op == ReduceOp.MEAN:
+            count = self.num_replicas_in_sync
+            summed = [_divide(t, count) for t in summed]
+        return list(summed)
+
+    def _default_reduce_destination(self) -> torch.device:
+        return self._input_host().torch_device
+
+    def _place_on(self, destinations: Any, tensor: Any) -> Any:
+        """Put ``tensor`` where ``destinations`` (device, tensor, variable, values) says."""
+        if destinations is None or not isinstance(tensor, torch.Tensor):
+            return tensor
+        if isinstance(destinations, (list, tuple)):
+            raise ValueError(
+                "`destinations` must be a device string, a torch.device, a tensor, a variable "
+                "or a DistributedValues, not a list or tuple; call reduce_to once per "
+                "destination or use batch_reduce_to."
+            )
+        if isinstance(destinations, DistributedValues):
+            devices = [_device_of(c) for c in destinations.values]
+            if len(devices) == 1:
+                return _copy_to(tensor, devices[0], clone=False)
+            return Mirrored([_copy_to(tensor, d, clone=i > 0) for i, d in enumerate(devices)])
+        if isinstance(destinations, (str, torch.device, LogicalDevice)):
+            return _copy_to(tensor, canonicalize(destinations).torch_device, clone=False)
+        return _copy_to(tensor, _device_of(destinations), clone=False)
+
+    def reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value: Any,
+        destinations: Any,
+        options: Any = None,
+    ) -> Any:
+        """Combine ``value`` across replicas and place the result on ``destinations``."""
+        _context.require_cross_replica_or_default_context_extended(self)
+        reduce_op = self._check_reduce_op(reduce_op)
+        self._check_destinations(destinations)
+        return self._reduce_to(reduce_op, value, destinations, options)
+
+    def batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: Any = None,
+    ) -> list[Any]:
+        """``reduce_to`` for many values at once (their collectives are issued together)."""
+        _context.require_cross_replica_or_default_context_extended(self)
+        reduce_op = self._check_reduce_op(reduce_op)
+        pairs = list(value_destination_pairs)
+        for _, destinations in pairs:
+            self._check_destinations(destinations)
+        return self._batch_reduce_to(reduce_op, pairs, options)
+
+    @staticmethod
+    def _check_reduce_op(reduce_op: Any) -> ReduceOp:
+        if type(reduce_op).__name__ == "VariableAggregation":
+            raise ValueError(
+                f"reduce_to takes a ReduceOp, got {reduce_op}; convert it with "
+                "ReduceOp.from_variable_aggregation()."
+            )
+        return to_reduce_op(reduce_op)
+
+    @staticmethod
+    def _check_destinations(destinations: Any) -> None:
+        if isinstance(destinations, (list, tuple)):
+            raise ValueError(
+                "`destinations` must be a device string, a torch.device, a tensor, a variable "
+                f"or a DistributedValues, not a {type(destinations).__name__}."
+            )
+
+    def _reduce_to(self, reduce_op: ReduceOp, value: Any, destinations: Any, options: Any) -> Any:
+        return self._batch_reduce_to(reduce_op, [(value, destinations)], options)[0]
+
+    def _batch_reduce_to(
+        self, reduce_op: ReduceOp, pairs: Sequence[tuple[Any, Any]], options: Any
+    ) -> list[Any]:
+        results: list[Any] = [None] * len(pairs)
+        pending: list[int] = []
+        for i, (value, destinations) in enumerate(pairs):
+            if isinstance(value, DistributedValues):
+                if _is_mirrored(value):
+                    if reduce_op == ReduceOp.MEAN:
+                        results[i] = value
+                        continue
+                    raise ValueError(
+                        f"Cannot reduce a Mirrored value with {reduce_op}: its components are "
+                        "copies of one value. Use ReduceOp.MEAN to read it, or pass per-replica "
+                        "values (PerReplica)."
+                    )
+                pending.append(i)
+            elif self._num_workers > 1 and len(self._logical_devices) == 1:
+                pending.append(i)  # one replica per worker: the host value is that replica's
+            else:
+                results[i] = self._reduce_non_distributed(reduce_op, value, destinations)
+        if pending:
+            components = [self._local_results_of(pairs[i][0]) for i in pending]
+            reduced = self._all_reduce_flat(reduce_op, components)
+            for i, tensor in zip(pending, reduced):
+                results[i] = self._place_on(pairs[i][1], tensor)
+        return results
+
+    def _local_results_of(self, value: Any) -> tuple:
+        return value.values if isinstance(value, DistributedValues) else (value,)
+
+    def _reduce_non_distributed(self, reduce_op: ReduceOp, value: Any, destinations: Any) -> Any:
+        """TF's ``reduce_non_distributed_value``: one value standing for every replica."""
+        if not isinstance(value, torch.Tensor) and _all_zero(value):
+            array = np.asarray(value)
+            return np.zeros(array.shape, dtype=array.dtype)
+        if reduce_op == ReduceOp.MEAN:
+            return value
+        if len(self._logical_devices) != 1:
+            raise ValueError(
+                f"A non-DistributedValues value {value} cannot be reduced with the given reduce "
+                f"op {reduce_op}."
+            )
+        return self._place_on(destinations, value)
+
+    def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
+        """Reduce to one value on the default destination (what ``Strategy.reduce`` returns)."""
+        reduced = self.reduce_to(reduce_op, value, self._default_reduce_destination())
+        return self._local_results(reduced)[0]
+
+    def _batch_all_reduce(self, reduce_op: ReduceOp, values: list, options: Any) -> list:
+        """The merge function of ``ReplicaContext.all_reduce``: each replica gets a copy."""
+        pairs = [(v, v if isinstance(v, DistributedValues) else _device_of(v)) for v in values]
+        return self.batch_reduce_to(reduce_op, pairs, options)
+
+    # --- gathers ----------------------------------------------------------------------------
+    def _gather_to(self, value: Any, destinations: Any, axis: int, options: Any = None) -> Any:
+        what = "all_gather" if destinations is value else "gather"
+        if isinstance(value, DistributedValues):
+            tensors = [_to_tensor(c) for c in value.values]
+        elif self._num_workers > 1 and len(self._logical_devices) == 1:
+            tensors = [_to_tensor(value)]
+        else:
+            return value
+        axes = {_check_gatherable(t, axis, what) for t in tensors}
+        dim = axes.pop()
+        device = tensors[0].device
+        local = tensors[0]
+        if len(tensors) > 1:
+            local = torch.cat([to_device(t, device) for t in tensors], dim=dim)
+        gathered = self._cross_worker_all_gather(local, dim)
+        return self._place_on(destinations, gathered)
+
+    def _batch_all_gather(self, values: list, axis: int, options: Any) -> list:
+        """The merge function of ``ReplicaContext.all_gather``: each replica gets a copy."""
+        return [self._gather_to(v, v, axis, options) for v in values]
+
+    # --- updates and broadcasts -------------------------------------------------------------
+    def update(
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict | None = None,
+        group: bool = True,
+    ) -> Any:
+        """Run ``fn(component, *args, **kwargs)`` on every component of ``var``.
+
+        Called in a replica context, this goes through ``merge_call`` (so ``args`` are merged
+        first); in cross-replica context it returns a ``Mirrored`` of the per-component results
+        (``group=False``: a tuple).
+        """
+        kwargs = dict(kwargs or {})
+        replica_context = _context.get_replica_context()
+        if replica_context is None or _context.is_default_strategy(replica_context.strategy):
+            with self._container_strategy().scope():
+                return self._update(var, fn, tuple(args), kwargs, group)
+
+        def merge_fn(_: Strategy, *merged_args: Any, **merged_kwargs: Any) -> Any:
+            return self.update(var, fn, merged_args, merged_kwargs, group=group)
+
+        return replica_context.merge_call(merge_fn, args=args, kwargs=kwargs)
+
+    def _update(self, var: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, group: bool):
+        if is_distributed_variable(var):
+            updates = []
+            for i, component in enumerate(var.values):
+                with _context.UpdateContext(i):
+                    updates.append(
+                        fn(component, *select_replica(i, args), **select_replica(i, kwargs))
+                    )
+            if not group:
+                return tuple(updates)
+            return regroup(updates, always_wrap=True, wrap_class=Mirrored)
+        with _context.UpdateContext(0):
+            target = var.get() if type(var).__name__ == "AggregatingVariable" else var
+            result = fn(target, *select_replica(0, args), **select_replica(0, kwargs))
+        return result if group else (result,)
+
+    def broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        """Copy ``tensor`` to ``destinations`` (a ``Mirrored`` for distributed destinations)."""
+        _context.require_cross_replica_or_default_context_extended(self)
+        self._check_destinations(destinations)
+        return self._broadcast_to(tensor, destinations)
+
+    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        return self._place_on(destinations, tensor)
+
+
+def _enum_kwargs(synchronization: Any, aggregation: Any) -> dict:
+    """Pass only the enums given, so the variable layer's defaults apply otherwise."""
+    kwargs = {}
+    if synchronization is not None:
+        kwargs["synchronization"] = synchronization
+    if aggregation is not None:
+        kwargs["aggregation"] = aggregation
+    return kwargs
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategy
+
+
+class Strategy:
+    """A state & compute distribution policy on a list of devices (``tf.distribute.Strategy``)."""
+
+    _is_default_strategy = False
+
+    def __init__(self, extended: StrategyExtended) -> None:
+        self._extended = extended
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def extended(self) -> StrategyExtended:
+        """``StrategyExtended`` with additional methods."""
+        return self._extended
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Number of replicas over which gradients are aggregated."""
+        return self._extended.num_replicas_in_sync
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """The cluster resolver of this strategy (None for single-worker strategies)."""
+        return self._extended._cluster_resolver
+
+    # --- scope and run ----------------------------------------------------------------------
+    def scope(self) -> Any:
+        """Context manager making this strategy current (for variable and model creation)."""
+        return self._extended._scope(self)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        options: RunOptions | None = None,
+    ) -> Any:
+        """Invoke ``fn`` on each local replica, with the given arguments.
+
+        ``DistributedValues`` arguments (other than distributed variables) are replaced by the
+        replica's component; results are regrouped into ``PerReplica`` values (a value that is
+        the very same object on every replica is returned as is).
+        """
+        if not isinstance(args, (list, tuple)):
+            raise ValueError(f"positional args must be a list or tuple, got {type(args)}")
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"keyword args must be a dict, got {type(kwargs)}")
+        if not callable(fn):
+            raise TypeError(f"`fn` passed to run() must be callable, got {type(fn)}")
+        with self.scope():
+            return self._extended.call_for_each_replica(fn, args=tuple(args), kwargs=kwargs)
+
+    def experimental_run_v2(self, fn, args=(), kwargs=None, options=None):
+        """Deprecated alias of :meth:`run` (TF 2.0-2.1 name)."""
+        return self.run(fn, args=args, kwargs=kwargs, options=options)
+
+    # --- reductions -----------------------------------------------------------------------------
+    def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: int | Sequence[int] | None):
+        """Reduce ``value`` across replicas and return the result on the host.
+
+        ``axis=None`` reduces across replicas only. With ``axis``, each replica first reduces
+        along ``axis``; MEAN then divides the global sum by the global element count, so partial
+        batches are weighted by their true size.
+        """
+        reduce_op = to_reduce_op(reduce_op)
+        _context.require_cross_replica_or_default_context_extended(self._extended)
+        extended = self._extended
+        if axis is None:
+            return extended._reduce(reduce_op, value)
+        axes = _normalize_axes(axis)
+        if reduce_op == ReduceOp.SUM:
+            return extended._reduce(
+                ReduceOp.SUM, extended._map_local(lambda v: _sum_over(v, axes), value)
+            )
+        numerator = extended._reduce(
+            ReduceOp.SUM, extended._map_local(lambda v: _sum_over(v, axes), value)
+        )
+        denominator = extended._reduce(
+            ReduceOp.SUM, extended._map_local(lambda v: _count_over(v, axes), value)
+        )
+        numerator = _to_tensor(numerator)
+        denominator = to_device(_to_tensor(denominator), numerator.device)
+        if numerator.is_floating_point() or numerator.is_complex():
+            return numerator / denominator.to(numerator.dtype)
+        return numerator / denominator
+
+    def gather(self, value: Any, axis: int) -> Any:
+        """Concatenate the replicas' components of ``value`` along ``axis``, in replica order."""
+        _context.require_cross_replica_or_default_context_extended(
+            self._extended, GATHER_REQUIRES_CROSS_REPLICA
+        )
+        if isinstance(value, torch.Tensor) and value.is_sparse:
+            raise NotImplementedError("gather does not support IndexedSlices")
+        extended = self._extended
+        gathered = extended._gather_to(value, extended._default_reduce_destination(), axis)
+        return extended._local_results(gathered)[0]
+
+    def experimental_local_results(self, value: Any) -> tuple:
+        """The local per-replica components of ``value`` (``(value,)`` for a plain value)."""
+        return self._extended._local_results(value)
+
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> Any:
+        """Call ``value_fn(ValueContext)`` for each local replica and wrap the results."""
+        return self._extended._distribute_values_from_function(value_fn)
+
+    # --- input ------------------------------------------------------------------------------------
+    def experimental_distribute_dataset(
+        self,
+        dataset: Any,
+        options: Any = None,
+        auto_shard_policy: AutoShardPolicy = AutoShardPolicy.AUTO,
+    ) -> Any:
+        """Split each global batch of ``dataset`` across the replicas (see strategyjob.input).
+
+        ``auto_shard_policy`` is what TF sets on the dataset's options
+        (``experimental_distribute.auto_shard_policy``); a keyword is the PyTorch way.
+        """
+        return self._extended._experimental_distribute_dataset(dataset, options, auto_shard_policy)
+
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[Any], Any], options: Any = None
+    ) -> Any:
+        """Call ``dataset_fn(InputContext)`` per input pipeline; batches are per replica."""
+        return self._extended._distribute_datasets_from_function(dataset_fn, options)
+
+    def experimental_distribute_datasets_from_function(self, dataset_fn, options=None):
+        """Deprecated alias of :meth:`distribute_datasets_from_function`."""
+        return self.distribute_datasets_from_function(dataset_fn, options)
+
+    # --- copying --------------------------------------------------------------------------
+    def __copy__(self) -> Strategy:
+        raise RuntimeError("Must only deepcopy DistributionStrategy.")
+
+    def __deepcopy__(self, memo: dict) -> Strategy:
+        cls = type(self)
+        result = cls.__new__(cls)
+        memo[id(self)] = result
+        for key, value in self.__dict__.items():
+            setattr(result, key, copy.deepcopy(value, memo))
+        result._extended._container_strategy_weakref = weakref.ref(result)
+        return result
+
+
+def _input_module() -> Any:
+    return importlib.import_module("strategyjob.input")
+
+
+def _auto_shard(policy: Any) -> Any:
+    return policy if policy is not None else AutoShardPolicy.AUTO
+
+
+# ---------------------------------------------------------------------------------------------
+# The default strategy
+
+
+class _SingleReplicaExtendedMixin:
+    """Shared by the default strategy and OneDeviceStrategy: one replica, no communication."""
+
+    def _reduce_to(self, reduce_op: ReduceOp, value: Any, destinations: Any, options: Any):
+        return value
+
+    def _batch_reduce_to(self, reduce_op: ReduceOp, pairs: Sequence, options: Any) -> list:
+        return [value for value, _ in pairs]
+
+    def _gather_to(self, value: Any, destinations: Any, axis: int, options: Any = None) -> Any:
+        return value
+
+    def _local_results(self, value: Any) -> tuple:
+        return (value,)
+
+    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        return value_fn(ValueContext())
+
+    def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
+        return tensor
+
+
+class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended):
+    def _scope(self, strategy: Strategy) -> Any:
+        return _context.DefaultScope(strategy)
+
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        with _context.ReplicaContext(self._container_strategy(), 0, _local_replica_id=0):
+            return fn(*args, **kwargs)
+
+    def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+        from strategyjob import _variables
+
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return _variables.create_plain_variable(None, initial_value, device=None, **kwargs)
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        return getattr(v, "_distribute_strategy", None) is None
+
+    def _update(self, var: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, group: bool):
+        result = fn(var, *args, **kwargs)
+        return result if group else (result,)
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        raise RuntimeError("worker_devices() method unsupported by default tf.distribute.Strategy.")
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        raise RuntimeError(
+            "parameter_devices() method unsupported by default tf.distribute.Strategy."
+        )
+
+    def _experimental_distribute_dataset(
+        self, dataset: Any, options: Any, auto_shard_policy: Any
+    ) -> Any:
+        return dataset
+
+    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+        return dataset_fn(_input_module().InputContext())
+
+
+class _DefaultDistributionStrategy(Strategy):
+    """The strategy in effect when no other is: one replica, no distribution."""
+
+    _is_default_strategy = True
+
+    def __init__(self) -> None:
+        if not _creating_default:
+            raise RuntimeError(
+                "Should only create a single instance of _DefaultDistributionStrategy"
+            )
+        super().__init__(_DefaultDistributionExtended(self))
+
+    def __deepcopy__(self, memo: dict) -> Strategy:
+        raise RuntimeError("Should only create a single instance of _DefaultDistributionStrategy")
+
+
+_creating_default = False
+_default_strategy: _DefaultDistributionStrategy | None = None
+_default_lock = threading.Lock()
+
+
+def _get_default_strategy() -> Strategy:
+    global _creating_default, _default_strategy
+    if _default_strategy is None:
+        with _default_lock:
+            if _default_strategy is None:
+                _creating_default = True
+                try:
+                    _default_strategy = _DefaultDistributionStrategy()
+                finally:
+                    _creating_default = False
+    return _default_strategy
+
+
+# Re-exported for subclasses and tests.
+__all__ += ["GATHER_REQUIRES_CROSS_REPLICA", "PerReplica"]

@@ -1,0 +1,229 @@
+"""``MultiWorkerMirroredStrategy``: synchronous training on several workers (processes).
+
+Like ``tf.distribute.MultiWorkerMirroredStrategy``: one process per TF_CONFIG task (chief and
+workers), each with one replica per local GPU (else one CPU replica); variables and module
+parameters are mirrored, their initial values broadcast from the chief; collectives go through
+``torch.distributed`` (gloo for CPU tensors, NCCL for CUDA) with every wait bounded by
+``CommunicationOptions.timeout_seconds`` (see ``collective/process_group.py``).
+
+Arguments and the cluster are validated before any rendezvous, with TensorFlow's messages.
+Without TF_CONFIG (an empty cluster) the strategy runs in local mode: one worker, no
+rendezvous.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from strategyjob._devices import LogicalDevice
+from strategyjob._reduce import ReduceOp
+from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolver, multi_worker_util
+from strategyjob.collective import process_group
+from strategyjob.collective.options import CommunicationOptions
+from strategyjob.strategies.base import Strategy
+from strategyjob.strategies.mirrored import MirroredExtended
+
+__all__ = ["MultiWorkerMirroredExtended", "MultiWorkerMirroredStrategy"]
+
+
+class _PendingAllReduce:
+    """An in-flight bucket all-reduce; ``wait()`` is bounded by the strategy's timeout."""
+
+    __slots__ = ("_group", "_work")
+
+    def __init__(self, group: process_group.CollectiveGroup, work: Any) -> None:
+        self._group = group
+        self._work = work
+
+    def wait(self) -> None:
+        self._group.wait(self._work, "gradient all-reduce")
+
+
+class MultiWorkerMirroredExtended(MirroredExtended):
+    """Implementation of MultiWorkerMirroredStrategy (TF's ``CollectiveAllReduceExtended``)."""
+
+    def __init__(
+        self,
+        container_strategy: Strategy,
+        cluster_resolver: ClusterResolver | None,
+        communication_options: CommunicationOptions,
+    ) -> None:
+        if not isinstance(communication_options, CommunicationOptions):
+            raise ValueError(
+                "communication_options must be an instance of "
+                "tf.distribute.experimental.CommunicationOptions"
+            )
+        resolver = cluster_resolver or TFConfigClusterResolver()
+        if not isinstance(resolver, ClusterResolver):
+            raise ValueError(
+                "cluster_resolver must be an instance of "
+                "tf.distribute.cluster_resolver.ClusterResolver"
+            )
+        cluster_spec = resolver.cluster_spec()
+        task_type, task_id = resolver.task_type, resolver.task_id
+        multi_worker = bool(cluster_spec.as_dict())
+        if multi_worker:
+            if task_type is None or task_id is None:
+                raise ValueError(
+                    "When `cluster_spec` is given, you must also specify `task_type` and `task_id`."
+                )
+            multi_worker_util.validate_cluster_spec(cluster_spec, task_type, task_id)
+            num_workers = multi_worker_util.worker_count(cluster_spec, task_type)
+            if not num_workers:
+                raise ValueError(
+                    "No `worker`, `chief` or `evaluator` tasks can be found in `cluster_spec`."
+                )
+            is_chief = multi_worker_util.is_chief(cluster_spec, task_type, task_id)
+            worker_index = multi_worker_util.id_in_cluster(cluster_spec, task_type, task_id)
+        else:
+            num_workers, is_chief, worker_index = 1, True, 0
+
+        super().__init__(container_strategy, _local_devices_of(resolver, task_type, task_id))
+        self._cluster_resolver = resolver
+        self._communication_options = communication_options
+        self._num_workers = num_workers
+        self._worker_index = worker_index
+        self._is_chief = is_chief
+        self._task_type = task_type
+        self._task_id = task_id
+        self._group: process_group.CollectiveGroup | None = None
+        if num_workers > 1:
+            membership = process_group.membership_from_cluster(
+                cluster_spec.as_dict(), task_type, task_id
+            )
+            self._group = process_group.get_group(membership, communication_options)
+
+    # --- roles ------------------------------------------------------------------------------
+    @property
+    def experimental_between_graph(self) -> bool:
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self._is_chief
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self._is_chief
+
+    @property
+    def experimental_should_init(self) -> bool:
+        return True
+
+    # --- cross-worker hooks -----------------------------------------------------------------
+    def _cross_worker_all_reduce(
+        self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        if self._group is None:
+            return list(tensors)
+        return self._group.all_reduce(
+            list(tensors), "mean" if reduce_op == ReduceOp.MEAN else "sum"
+        )
+
+    def _cross_worker_all_reduce_async(self, flat: torch.Tensor) -> _PendingAllReduce:
+        """Start a SUM all-reduce of ``flat`` in place (gradient buckets)."""
+        assert self._group is not None
+        return _PendingAllReduce(self._group, self._group.all_reduce_async(flat))
+
+    def _cross_worker_all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        if self._group is None:
+            return tensor
+        return self._group.all_gather(tensor, axis)
+
+    def _broadcast_from_chief(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._group is None:
+            return tensor
+        result = torch.as_tensor(tensor).detach().clone()
+        self._group.broadcast([result], src=0)
+        return result
+
+    def _any_worker_has_data(self, flag: bool) -> bool:
+        if self._group is None:
+            return flag
+        return self._group.any(flag)
+
+    @property
+    def _gradient_bucket_bytes(self) -> int:
+        return self._communication_options.bytes_per_pack
+
+    def _replica_timeout(self) -> float | None:
+        return self._communication_options.timeout_seconds
+
+    # --- module parameters: start identical on every worker ----------------------------------
+    def _broadcast_pending_parameters(self) -> None:
+        """Give every parameter registered since the last call the chief's value.
+
+        Parameters are registered when modules are built (before their initialisers run), so
+        this runs when the outermost scope exits and before each ``run``; every worker builds
+        the same modules in the same order, so the broadcasts line up.
+        """
+        sync = getattr(self, "_strategyjob_grad_sync", None)
+        if sync is None or self._group is None:
+            return
+        pending = sync.take_pending_broadcast()
+        if pending:
+            with torch.no_grad():
+                self._group.broadcast([p.data for p in pending], src=0)
+
+    def _exit_scope(self) -> None:
+        super()._exit_scope()
+        self._broadcast_pending_parameters()
+
+    def _call_for_each_replica(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        self._broadcast_pending_parameters()
+        return super()._call_for_each_replica(fn, args, kwargs)
+
+    def __deepcopy__(self, memo: dict) -> MultiWorkerMirroredExtended:
+        cls = type(self)
+        result = cls.__new__(cls)
+        memo[id(self)] = result
+        shared = {"_group", "_cluster_resolver", "_strategyjob_grad_sync"}
+        for key, value in self.__dict__.items():
+            if key not in shared:
+                setattr(result, key, copy.deepcopy(value, memo))
+        result._group = self._group  # one process group per process
+        result._cluster_resolver = self._cluster_resolver
+        return result
+
+
+def _local_devices_of(
+    resolver: ClusterResolver, task_type: str | None, task_id: int | None
+) -> tuple[LogicalDevice, ...]:
+    """One replica per local GPU (as the resolver counts them), else one CPU replica."""
+    gpus = int((resolver.num_accelerators() or {}).get("GPU", 0) or 0)
+    if gpus and not torch.cuda.is_available():
+        gpus = 0
+    job = task_type or "localhost"
+    task = task_id or 0
+    if gpus:
+        return tuple(LogicalDevice("cuda", i, job=job, task=task) for i in range(gpus))
+    return (LogicalDevice("cpu", 0, job=job, task=task),)
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """A distribution strategy for synchronous training on multiple workers.
+
+    Replicates variables and computation to each local device of each worker (one process per
+    worker, described by TF_CONFIG or ``cluster_resolver``) and keeps them in sync with
+    collectives. Gradients of modules built in ``scope()`` are averaged across all replicas.
+
+    Args:
+      cluster_resolver: a ``strategyjob.cluster_resolver.ClusterResolver``; defaults to
+        ``TFConfigClusterResolver()``. An empty cluster means local mode (one worker).
+      communication_options: a ``strategyjob.experimental.CommunicationOptions``
+        (``timeout_seconds`` bounds every collective; a dead peer raises
+        ``strategyjob.errors.UnavailableError`` naming it).
+    """
+
+    def __init__(
+        self,
+        cluster_resolver: ClusterResolver | None = None,
+        communication_options: CommunicationOptions | None = None,
+    ) -> None:
+        if communication_options is None:
+            communication_options = CommunicationOptions()
+        super().__init__(MultiWorkerMirroredExtended(self, cluster_resolver, communication_options))

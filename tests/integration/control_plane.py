@@ -1,0 +1,205 @@
+"""A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler) on 127.0.0.1, for the integration tests and the operator benchmark.
+
+Plain module, no pytest: ``bench/bench_operator.py`` starts it the same way. The binaries
+come from ``tools/k8s/build-control-plane.sh`` (directory in ``K8S_BIN_DIR``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build-control-plane.sh"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+TOKEN = "strategyjob-test-admin-token"
+
+
+def find_binaries(build: bool = True) -> tuple[Path | None, str]:
+    """The directory holding the control-plane binaries, or ``(None, why not)``.
+
+    Uses ``K8S_BIN_DIR`` when set; otherwise runs the build script, which answers from its
+    cache in seconds (a cold build takes minutes, so CI runs it as its own step first).
+    """
+    env_dir = os.environ.get("K8S_BIN_DIR")
+    if env_dir:
+        missing = [b for b in BINARIES if not (Path(env_dir) / b).is_file()]
+        if missing:
+            return None, f"K8S_BIN_DIR={env_dir} lacks {', '.join(missing)}; run {BUILD_SCRIPT}"
+        return Path(env_dir), ""
+    if not build:
+        return None, "K8S_BIN_DIR is not set"
+    if shutil.which("go") is None:
+        return None, f"K8S_BIN_DIR is not set and there is no go toolchain to run {BUILD_SCRIPT}"
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600, check=False
+    )
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        return None, f"{BUILD_SCRIPT} failed (rc={proc.returncode}): " + " | ".join(tail)
+    return Path(proc.stdout.strip().splitlines()[-1]), ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ControlPlane:
+    """Starts the control plane in a temporary directory; :meth:`stop` removes everything."""
+
+    def __init__(self, bin_dir: Path, *, controllers: bool = True) -> None:
+        self.bin = Path(bin_dir)
+        self.dir = Path(tempfile.mkdtemp(prefix="sjob-cp-"))
+        self.controllers = controllers
+        self.procs: list[subprocess.Popen] = []
+        self.token = TOKEN
+        self.server = ""
+        self.kubeconfig = self.dir / "kubeconfig"
+        self.ca_path = self.dir / "pki" / "apiserver.crt"
+
+    def _spawn(self, name: str, *args: str) -> None:
+        with open(self.dir / f"{name}.log", "wb") as log:
+            self.procs.append(
+                subprocess.Popen(
+                    [str(self.bin / name), *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    def start(self, timeout: float = 120.0) -> ControlPlane:
+        pki = self.dir / "pki"
+        pki.mkdir()
+        subprocess.run(
+            ["openssl", "genrsa", "-out", str(pki / "sa.key"), "2048"],
+            check=True,
+            capture_output=True,
+        )
+        (pki / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
+        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        self._spawn(
+            "etcd",
+            "--name=default",
+            f"--data-dir={self.dir / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        )
+        self._spawn(
+            "kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={pki}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.key'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--token-auth-file={pki / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            # the benchmark creates thousands of objects quickly; don't throttle it server-side
+            "--max-requests-inflight=1000",
+            "--max-mutating-requests-inflight=1000",
+            "--enable-priority-and-fairness=false",
+        )
+        self.server = f"https://127.0.0.1:{api_port}"
+        try:
+            self._wait_ready(timeout)
+        except Exception:
+            self.stop()
+            raise
+        self.kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\n"
+            "clusters:\n- name: local\n  cluster:\n"
+            f"    server: '{self.server}'\n    certificate-authority: '{self.ca_path}'\n"
+            f"users:\n- name: admin\n  user:\n    token: '{self.token}'\n"
+            "contexts:\n- name: local\n  context: {cluster: local, user: admin, namespace: default}\n"
+            "current-context: local\n"
+        )
+        if self.controllers:
+            common = (f"--kubeconfig={self.kubeconfig}", "--leader-elect=false")
+            self._spawn(
+                "kube-controller-manager",
+                *common,
+                f"--secure-port={free_port()}",
+                "--bind-address=127.0.0.1",
+                f"--root-ca-file={self.ca_path}",
+                # only what the tests need: garbage collection and namespace cleanup
+                "--controllers=garbage-collector-controller,namespace-controller",
+            )
+            self._spawn(
+                "kube-scheduler",
+                *common,
+                f"--secure-port={free_port()}",
+                "--bind-address=127.0.0.1",
+            )
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        ctx = ssl.create_default_context(cafile=None)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # only for the readiness probe, before the CA exists
+        req = urllib.request.Request(
+            self.server + "/readyz", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(
+                        f"{p.args[0]} exited with {p.returncode} while starting; logs in {self.dir}"
+                    )
+            try:
+                with urllib.request.urlopen(req, context=ctx, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"kube-apiserver not ready after {timeout:.0f}s; logs in {self.dir}")
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True):
+        """Run kubectl against this control plane; returns the CompletedProcess."""
+        return subprocess.run(
+            [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=check,
+        )
+
+    def stop(self, keep_dir: bool = False) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+        if not keep_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)

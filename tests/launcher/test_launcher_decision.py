@@ -1,0 +1,154 @@
+"""decide(): the launcher's pure rules for success, failure, restart and deadline."""
+
+from __future__ import annotations
+
+import pytest
+from strategyjob.jobspec import load_manifest
+from strategyjob.launcher import Phase, ReplicaExit, decide, is_retryable
+
+
+def make_job(strategy="MultiWorkerMirroredStrategy", restart_policy="Never", **spec_extra):
+    counts = spec_extra.pop("counts", {"worker": 2})
+    container = {"name": "strategyjob", "command": ["python", "train.py"]}
+    replica_specs = {
+        t: {
+            "replicas": n,
+            "restartPolicy": restart_policy,
+            "template": {"spec": {"containers": [container]}},
+        }
+        for t, n in counts.items()
+    }
+    return load_manifest(
+        {
+            "apiVersion": "strategyjob.dev/v1alpha1",
+            "kind": "StrategyJob",
+            "metadata": {"name": "job"},
+            "spec": {"strategy": strategy, "replicaSpecs": replica_specs, **spec_extra},
+        }
+    )
+
+
+def exits(*items):
+    """exits(("worker", 1, 3), ...) in the order the replicas exited."""
+    return {(t, i): ReplicaExit(rc, seq) for seq, (t, i, rc) in enumerate(items)}
+
+
+def test_nothing_exited_is_running():
+    assert decide(make_job(), {}).phase is Phase.RUNNING
+
+
+def test_worker_0_success_without_chief_succeeds():
+    decision = decide(make_job(), exits(("worker", 0, 0)))
+    assert decision.phase is Phase.SUCCEEDED
+    assert decision.reason == "worker-0 succeeded"
+
+
+def test_other_worker_success_alone_is_still_running():
+    assert decide(make_job(), exits(("worker", 1, 0))).phase is Phase.RUNNING
+
+
+def test_chief_success_succeeds_even_with_workers_running():
+    job = make_job(counts={"chief": 1, "worker": 2})
+    assert decide(job, exits(("worker", 0, 0))).phase is Phase.RUNNING
+    assert decide(job, exits(("chief", 0, 0))).phase is Phase.SUCCEEDED
+
+
+def test_all_workers_policy_needs_every_chief_and_worker():
+    job = make_job(counts={"chief": 1, "worker": 2, "evaluator": 1}, successPolicy="AllWorkers")
+    assert decide(job, exits(("chief", 0, 0), ("worker", 0, 0))).phase is Phase.RUNNING
+    done = decide(job, exits(("chief", 0, 0), ("worker", 0, 0), ("worker", 1, 0)))
+    assert done.phase is Phase.SUCCEEDED
+    assert done.reason == "chief-0, worker-0, worker-1 succeeded"
+
+
+def test_first_failure_is_reported_first():
+    decision = decide(make_job(), exits(("worker", 1, 3), ("worker", 0, -15)))
+    assert decision.phase is Phase.FAILED
+    assert decision.reason == "worker-1 exited with code 3"
+    assert [f.describe() for f in decision.failures] == [
+        "worker-1 exited with code 3",
+        "worker-0 was killed by SIGTERM (exit code 143)",
+    ]
+
+
+def test_failure_wins_over_a_later_success():
+    decision = decide(make_job(), exits(("worker", 1, 1), ("worker", 0, 0)))
+    assert decision.phase is Phase.FAILED
+
+
+def test_ps_failure_fails_the_job():
+    job = make_job("ParameterServerStrategy", counts={"chief": 1, "worker": 1, "ps": 1})
+    assert decide(job, exits(("ps", 0, 1))).phase is Phase.FAILED
+
+
+@pytest.mark.parametrize(
+    ("policy", "returncode", "retryable"),
+    [
+        pytest.param("Never", 1, False, id="never"),
+        pytest.param("Never", -9, False, id="never-killed"),
+        pytest.param("OnFailure", 1, True, id="onfailure"),
+        pytest.param("Always", 2, True, id="always"),
+        pytest.param("ExitCode", 1, False, id="exitcode-1-permanent"),
+        pytest.param("ExitCode", 127, False, id="exitcode-127-permanent"),
+        pytest.param("ExitCode", 128, True, id="exitcode-128-retryable"),
+        pytest.param("ExitCode", 137, True, id="exitcode-137-retryable"),
+        pytest.param("ExitCode", -9, True, id="exitcode-sigkill-retryable"),
+        pytest.param("OnFailure", 0, False, id="success-is-not-retried"),
+    ],
+)
+def test_is_retryable(policy, returncode, retryable):
+    assert is_retryable(policy, ReplicaExit(returncode)) is retryable
+
+
+def test_collective_strategy_restarts_the_whole_job():
+    job = make_job(restart_policy="OnFailure")
+    decision = decide(job, exits(("worker", 1, 1)), restarts=0)
+    assert decision.phase is Phase.RESTART_JOB
+    assert decision.reason == "worker-1 exited with code 1"
+
+
+def test_backoff_limit_ends_restarts():
+    job = make_job(restart_policy="OnFailure", runPolicy={"backoffLimit": 2})
+    assert decide(job, exits(("worker", 1, 1)), restarts=1).phase is Phase.RESTART_JOB
+    decision = decide(job, exits(("worker", 1, 1)), restarts=2)
+    assert decision.phase is Phase.FAILED
+    assert decision.reason == "worker-1 exited with code 1; backoff limit of 2 restarts reached"
+
+
+def test_backoff_limit_zero_never_restarts():
+    job = make_job(restart_policy="OnFailure", runPolicy={"backoffLimit": 0})
+    assert decide(job, exits(("worker", 0, 1))).phase is Phase.FAILED
+
+
+def test_parameter_server_restarts_failed_workers_alone():
+    job = make_job(
+        "ParameterServerStrategy",
+        restart_policy="ExitCode",
+        counts={"chief": 1, "worker": 3, "ps": 1},
+    )
+    decision = decide(job, exits(("worker", 2, -9)))
+    assert decision.phase is Phase.RESTART_REPLICAS
+    assert decision.restart == (("worker", 2),)
+    # A failed ps or chief restarts the whole job.
+    assert decide(job, exits(("ps", 0, 137))).phase is Phase.RESTART_JOB
+    # A permanent exit code fails the job.
+    assert decide(job, exits(("worker", 2, 1))).phase is Phase.FAILED
+
+
+def test_mixed_retryable_and_permanent_failures_fail():
+    job = make_job(restart_policy="ExitCode")
+    assert decide(job, exits(("worker", 0, 137), ("worker", 1, 2))).phase is Phase.FAILED
+
+
+def test_active_deadline():
+    job = make_job(runPolicy={"activeDeadlineSeconds": 5})
+    assert decide(job, {}, elapsed=4.9).phase is Phase.RUNNING
+    decision = decide(job, {}, elapsed=5.0)
+    assert decision.phase is Phase.FAILED
+    assert decision.reason == "the job ran longer than activeDeadlineSeconds (5s)"
+    # Success is seen before the deadline is applied.
+    assert decide(job, exits(("worker", 0, 0)), elapsed=6).phase is Phase.SUCCEEDED
+
+
+def test_unknown_signal_number_is_still_described():
+    assert ReplicaExit(-200).describe() == "was killed by signal 200 (exit code 328)"

@@ -1,0 +1,556 @@
+"""`strategyjob run` end to end: real processes running tiny Python scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from strategyjob import cli
+
+SDK = Path(__file__).resolve().parents[2] / "sdk"
+pytestmark = pytest.mark.timeout(90)
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SDK), env.get("PYTHONPATH")) if p)
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def write_job(
+    directory: Path,
+    scripts: dict[str, tuple[int, str]],
+    strategy: str = "MultiWorkerMirroredStrategy",
+    name: str = "demo",
+    restart_policy: str | None = None,
+    **spec_extra,
+) -> Path:
+    """A manifest whose replica type ``t`` runs ``python t.py`` with the given source."""
+    replica_specs = {}
+    for replica_type, (replicas, source) in scripts.items():
+        (directory / f"{replica_type}.py").write_text(textwrap.dedent(source))
+        spec = {
+            "replicas": replicas,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": "strategyjob", "command": ["python", f"{replica_type}.py"]}
+                    ]
+                }
+            },
+        }
+        if restart_policy:
+            spec["restartPolicy"] = restart_policy
+        replica_specs[replica_type] = spec
+    manifest = {
+        "apiVersion": "strategyjob.dev/v1alpha1",
+        "kind": "StrategyJob",
+        "metadata": {"name": name},
+        "spec": {"strategy": strategy, "replicaSpecs": replica_specs, **spec_extra},
+    }
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return path
+
+
+def run_cli(manifest: Path, *extra: str, cwd: Path | None = None, timeout: float = 60):
+    return subprocess.run(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest), *extra],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (no psutil needed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+# A replica that records its pid and a grandchild's pid, then waits to be stopped.
+LINGERING = """
+    import os, subprocess, sys, time
+    role = os.environ["STRATEGYJOB_REPLICA_TYPE"] + "-" + os.environ["STRATEGYJOB_REPLICA_INDEX"]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    with open(f"{role}.pids.tmp", "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(f"{role}.pids.tmp", f"{role}.pids")
+    print("waiting", flush=True)
+    time.sleep(300)
+"""
+
+
+def recorded_pids(directory: Path, roles: list[str]) -> list[int]:
+    return [int(p) for role in roles for p in (directory / f"{role}.pids").read_text().split()]
+
+
+def test_success_streams_prefixed_output_and_injects_the_environment(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {
+            "worker": (
+                2,
+                """
+                import json, os
+                config = json.loads(os.environ["TF_CONFIG"])
+                print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"])
+                print("task", config["task"]["type"], config["task"]["index"])
+                print("cluster", ",".join(config["cluster"]["worker"]))
+                print("master", os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+                print("cwd", os.getcwd())
+                """,
+            )
+        },
+    )
+    result = run_cli(manifest, cwd="/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "[worker-0] rank 0 of 2" in lines
+    assert "[worker-1] rank 1 of 2" in lines
+    assert "[worker-1] task worker 1" in lines
+    clusters = {line.split()[-1] for line in lines if " cluster " in line}
+    (cluster,) = clusters  # both replicas see the same cluster
+    addresses = cluster.split(",")
+    assert [a.split(":")[0] for a in addresses] == ["127.0.0.1", "127.0.0.1"]
+    assert f"[worker-1] master 127.0.0.1 {addresses[0].split(':')[1]}" in lines
+    assert f"[worker-0] cwd {tmp_path.resolve()}" in lines
+    assert lines[-1].startswith("strategyjob: job demo succeeded in ")
+    assert "(worker-0 succeeded; 2 of 2 replicas exited 0)" in lines[-1]
+    port0, port1 = (a.split(":")[1] for a in addresses)
+    assert lines[0] == (
+        "strategyjob: job demo [MultiWorkerMirroredStrategy] starting "
+        f"worker-0 (127.0.0.1:{port0}), worker-1 (127.0.0.1:{port1})"
+    )
+    assert "\x1b[K" not in result.stdout  # no live status line when not a terminal
+    assert result.stderr == ""
+
+
+def test_failing_worker_stops_the_others_and_is_reported_first(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {
+            "chief": (1, LINGERING),
+            "worker": (
+                2,
+                """
+                import os, sys, time
+                if os.environ["STRATEGYJOB_REPLICA_INDEX"] == "1":
+                    while not os.path.exists("chief-0.pids"):
+                        time.sleep(0.02)
+                    print("worker 1 fails", flush=True)
+                    sys.exit(3)
+                time.sleep(300)
+                """,
+            ),
+        },
+    )
+    started = time.monotonic()
+    result = run_cli(manifest, "--grace-period", "5")
+    assert time.monotonic() - started < 30
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "[worker-1] worker 1 fails" in lines
+    failed = [line for line in lines if line.startswith("strategyjob: job demo failed after ")]
+    assert len(failed) == 1 and failed[0].endswith(": worker-1 exited with code 3")
+    assert lines.index(failed[0]) < lines.index("strategyjob:   stopped: chief-0, worker-0")
+    for pid in recorded_pids(tmp_path, ["chief-0"]):
+        wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
+
+
+def test_replica_killed_by_a_signal_is_described(tmp_path):
+    manifest = write_job(
+        tmp_path, {"worker": (1, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")}
+    )
+    result = run_cli(manifest)
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1].endswith(
+        ": worker-0 was killed by SIGKILL (exit code 137)"
+    )
+
+
+def test_replica_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {
+            "chief": (
+                1,
+                """
+                import signal, time
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                open("ready", "w").close()
+                time.sleep(300)
+                """,
+            ),
+            "worker": (
+                1,
+                """
+                import os, sys, time
+                while not os.path.exists("ready"):
+                    time.sleep(0.02)
+                sys.exit(4)
+                """,
+            ),
+        },
+    )
+    started = time.monotonic()
+    result = run_cli(manifest, "--grace-period", "1")
+    assert time.monotonic() - started < 20
+    assert result.returncode == 1
+    assert "strategyjob:   stopped: chief-0" in result.stdout.splitlines()
+
+
+def test_success_stops_the_ps_and_evaluator(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {
+            "chief": (
+                1,
+                """
+                import os, time
+                while not (os.path.exists("ps-0.pids") and os.path.exists("evaluator-0.pids")):
+                    time.sleep(0.02)
+                print("coordinator done")
+                """,
+            ),
+            "worker": (1, "print('worker done')\n"),
+            "ps": (1, LINGERING),
+            "evaluator": (1, LINGERING),
+        },
+        strategy="ParameterServerStrategy",
+    )
+    result = run_cli(manifest, "--grace-period", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = result.stdout.splitlines()[-1]
+    assert "chief-0 succeeded" in summary and "stopped evaluator-0, ps-0" in summary
+    for pid in recorded_pids(tmp_path, ["ps-0", "evaluator-0"]):
+        wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_leaves_no_process_behind(tmp_path, signum):
+    manifest = write_job(tmp_path, {"chief": (1, LINGERING), "worker": (2, LINGERING)})
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest), "--grace-period", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=cli_env(),
+    )
+    roles = ["chief-0", "worker-0", "worker-1"]
+    try:
+        wait_until(lambda: all((tmp_path / f"{r}.pids").exists() for r in roles), 30, "replicas")
+        pids = recorded_pids(tmp_path, roles)
+        assert all(alive(pid) for pid in pids)
+        launcher.send_signal(signum)
+        output, _ = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 128 + signum
+    assert f"strategyjob: received {signal.Signals(signum).name}, stopping every replica" in output
+    assert "strategyjob: job demo interrupted after" in output
+    assert "stopped chief-0, worker-0, worker-1" in output
+    for pid in pids:
+        wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
+
+
+def test_whole_job_restart_on_failure(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {
+            "worker": (
+                2,
+                """
+                import os, sys, time
+                marker = "worker-1-failed-once"
+                print("attempt", "restart" if os.path.exists(marker) else "first", flush=True)
+                if not os.path.exists(marker):
+                    if os.environ["RANK"] == "1":
+                        open(marker, "w").close()
+                        sys.exit(1)
+                    time.sleep(300)  # worker 0 is stopped by the restart
+                """,
+            )
+        },
+        restart_policy="OnFailure",
+        runPolicy={"backoffLimit": 1},
+    )
+    result = run_cli(manifest)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert (
+        "strategyjob: worker-1 exited with code 1; restarting the whole job (restart 1 of 1)"
+        in lines
+    )
+    assert "[worker-1] attempt restart" in lines
+    assert "; 1 restarts)" in lines[-1]
+
+
+def test_backoff_limit_exhausted_fails(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {"worker": (1, "import sys; sys.exit(137)\n")},
+        restart_policy="ExitCode",
+        runPolicy={"backoffLimit": 2},
+    )
+    result = run_cli(manifest)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert sum("restarting the whole job" in line for line in lines) == 2
+    assert lines[-1].endswith(
+        ": worker-0 exited with code 137; backoff limit of 2 restarts reached"
+    )
+
+
+def test_exit_code_policy_does_not_retry_permanent_errors(tmp_path):
+    manifest = write_job(
+        tmp_path, {"worker": (1, "import sys; sys.exit(2)\n")}, restart_policy="ExitCode"
+    )
+    result = run_cli(manifest)
+    assert result.returncode == 1
+    assert "restarting" not in result.stdout
+
+
+def test_active_deadline_fails_the_job(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {"worker": (1, "import time; time.sleep(300)\n")},
+        runPolicy={"activeDeadlineSeconds": 1},
+    )
+    result = run_cli(manifest, "--grace-period", "2")
+    assert result.returncode == 1
+    assert "the job ran longer than activeDeadlineSeconds (1s)" in result.stdout
+
+
+def test_command_that_cannot_start_fails_with_127(tmp_path):
+    manifest = write_job(tmp_path, {"worker": (1, "")})
+    data = yaml.safe_load(manifest.read_text())
+    data["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"] = [
+        "./no-such-program"
+    ]
+    manifest.write_text(yaml.safe_dump(data))
+    result = run_cli(manifest)
+    assert result.returncode == 1
+    assert "[worker-0] strategyjob: cannot start './no-such-program'" in result.stdout
+    assert result.stdout.splitlines()[-1].endswith(": worker-0 exited with code 127")
+
+
+# --- bad input: exit 2, one clear line, nothing started ---------------------------------------
+
+MARKER_SCRIPT = "open('started', 'w').close()\n"
+
+
+def test_missing_file(tmp_path):
+    result = run_cli(tmp_path / "missing.yaml")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"strategyjob run: error: {tmp_path / 'missing.yaml'}: no such file. "
+        "Check the path of the StrategyJob manifest.\n"
+    )
+
+
+def test_invalid_yaml(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("spec: [unclosed\n")
+    result = run_cli(path)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"strategyjob run: error: {path}: invalid YAML at line 2")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "counts", "expected"),
+    [
+        pytest.param(
+            "NoSuchStrategy",
+            {"worker": 1},
+            'spec.strategy: unknown strategy (got "NoSuchStrategy"). Use one of: ',
+            id="unknown-strategy",
+        ),
+        pytest.param(
+            "MultiWorkerMirroredStrategy",
+            {"worker": 2, "ps": 1},
+            "spec.replicaSpecs.ps: MultiWorkerMirroredStrategy takes no ps replicas (got 1). "
+            "Remove spec.replicaSpecs.ps, or use ParameterServerStrategy.",
+            id="mwms-with-ps",
+        ),
+    ],
+)
+def test_invalid_manifest_starts_nothing(tmp_path, strategy, counts, expected):
+    scripts = {t: (n, MARKER_SCRIPT) for t, n in counts.items()}
+    manifest = write_job(tmp_path, scripts, strategy=strategy)
+    result = run_cli(manifest)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"strategyjob run: error: {manifest}: {expected}")
+    assert result.stdout == ""
+    assert not (tmp_path / "started").exists()
+
+
+def test_container_without_command_is_refused_before_start(tmp_path):
+    manifest = write_job(tmp_path, {"chief": (1, MARKER_SCRIPT), "worker": (1, MARKER_SCRIPT)})
+    data = yaml.safe_load(manifest.read_text())
+    del data["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["command"]
+    manifest.write_text(yaml.safe_dump(data))
+    result = run_cli(manifest)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "strategyjob run: error: spec.replicaSpecs.worker.template.spec.containers[0].command: "
+        "strategyjob run needs a command"
+    )
+    assert not (tmp_path / "started").exists()
+
+
+def test_cli_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main([])
+    assert info.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run"])
+    assert info.value.code == 2
+
+
+def test_live_status_line_on_a_terminal(tmp_path):
+    manifest = write_job(
+        tmp_path,
+        {"worker": (1, "import time\nprint('tick', flush=True)\ntime.sleep(1.2)\nprint('tock')\n")},
+    )
+    leader, follower = pty.openpty()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest)],
+        stdout=follower,
+        stderr=follower,
+        env=cli_env(),
+    )
+    os.close(follower)
+    chunks = []
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(leader, 4096)
+            except OSError:  # EIO: the launcher closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(leader)
+        launcher.wait(timeout=30)
+    screen = b"".join(chunks).decode()
+    assert launcher.returncode == 0
+    assert (
+        "\r\x1b[Kstrategyjob: demo [MultiWorkerMirroredStrategy] running 1, succeeded 0" in screen
+    )
+    assert "[worker-0] tick" in screen and "[worker-0] tock" in screen
+    assert "strategyjob: job demo succeeded in" in screen
+
+
+def test_launcher_and_cli_import_no_torch():
+    code = (
+        "import sys\n"
+        "import strategyjob.jobspec, strategyjob.cluster_resolver\n"
+        "import strategyjob.launcher, strategyjob.cli\n"
+        "bad = [m for m in ('torch', 'kopf', 'kubernetes') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=cli_env(), timeout=60)
+
+
+def test_tf_config_in_the_launcher_environment_is_replaced(tmp_path):
+    manifest = write_job(tmp_path, {"worker": (1, "import os\nprint(os.environ['TF_CONFIG'])\n")})
+    env = cli_env()
+    env["TF_CONFIG"] = '{"cluster": {"worker": ["elsewhere:1"]}}'
+    result = subprocess.run(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("[worker-0] ")]
+    config = json.loads(line.removeprefix("[worker-0] "))
+    assert config["task"] == {"index": 0, "type": "worker"}
+    assert config["cluster"]["worker"][0].startswith("127.0.0.1:")
+
+
+def test_second_interrupt_kills_without_waiting_for_the_grace_period(tmp_path):
+    stubborn = LINGERING.replace(
+        "import os, subprocess, sys, time",
+        "import os, signal, subprocess, sys, time\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+    )
+    manifest = write_job(tmp_path, {"worker": (2, stubborn)})
+    log = tmp_path / "launcher.log"
+    with log.open("w") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "strategyjob", "run", str(manifest), "--grace-period", "120"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=cli_env(),
+        )
+    roles = ["worker-0", "worker-1"]
+    try:
+        wait_until(lambda: all((tmp_path / f"{r}.pids").exists() for r in roles), 30, "replicas")
+        pids = recorded_pids(tmp_path, roles)
+        launcher.send_signal(signal.SIGINT)
+        wait_until(lambda: "received SIGINT" in log.read_text(), 10, "the first SIGINT")
+        started = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=30)
+        assert time.monotonic() - started < 15
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130
+    for pid in pids:
+        wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
+
+
+def test_suspend_is_ignored_locally_with_a_notice(tmp_path):
+    manifest = write_job(tmp_path, {"worker": (1, "print('ran')\n")}, runPolicy={"suspend": True})
+    result = run_cli(manifest)
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == (
+        "strategyjob: spec.runPolicy.suspend is true; strategyjob run ignores it and runs the job"
+    )
+    assert "[worker-0] ran" in lines

@@ -1,0 +1,195 @@
+"""One MultiWorkerMirroredStrategy task, started by the tests with TF_CONFIG set.
+
+``python mwms_worker.py SCENARIO`` runs a scenario and prints one ``RESULT {json}`` line with
+what it observed; the tests compare the lines of all tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import strategyjob as sj
+import torch
+import torch.nn.functional as F
+from strategyjob import errors
+from torch import nn
+
+torch.set_num_threads(1)
+
+
+def emit(result: dict) -> None:
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def make_strategy(timeout: float | None = 30.0) -> sj.MultiWorkerMirroredStrategy:
+    options = sj.experimental.CommunicationOptions(timeout_seconds=timeout)
+    return sj.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+class Net(nn.Module):
+    """A small MLP plus a layer that forward never uses (its gradient must stay None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def train_reference(x: torch.Tensor, y: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """One process, no strategy, the global batch: what MWMS training must reproduce."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def scenario_collectives() -> dict:
+    strategy = make_strategy()
+    ext = strategy.extended
+    w, i = ext._num_workers, ext._worker_index
+    out: dict = {
+        "num_workers": w,
+        "worker_index": i,
+        "num_replicas_in_sync": strategy.num_replicas_in_sync,
+        "should_checkpoint": ext.should_checkpoint,
+        "multi_worker_mode": ext._in_multi_worker_mode(),
+        "between_graph": ext.experimental_between_graph,
+        "task": [strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id],
+    }
+    # reduce of a host tensor all-reduces across workers (one replica per worker)
+    out["reduce_sum_host"] = strategy.reduce("SUM", torch.tensor(1.0), axis=None).item()
+    out["reduce_mean"] = strategy.reduce(sj.ReduceOp.MEAN, torch.tensor(float(i)), axis=None).item()
+    # axis reduction: MEAN divides by the global element count
+    per_replica = strategy.run(lambda: torch.arange(i + 1, dtype=torch.float32))
+    out["reduce_mean_axis0"] = strategy.reduce("MEAN", per_replica, axis=0).item()
+    out["reduce_sum_axis0"] = strategy.reduce("SUM", per_replica, axis=0).item()
+
+    def replica_fn() -> dict:
+        ctx = sj.get_replica_context()
+        rid = float(ctx.replica_id_in_sync_group)
+        return {
+            "id": int(ctx.replica_id_in_sync_group),
+            "sum": ctx.all_reduce("sum", torch.tensor(rid + 1.0)).item(),
+            "mean": ctx.all_reduce(sj.ReduceOp.MEAN, torch.tensor(rid + 1.0)).item(),
+            "nest": [
+                t.tolist() for t in ctx.all_reduce("SUM", [torch.ones(2), torch.tensor([int(rid)])])
+            ],
+            "all_gather": ctx.all_gather(torch.full((int(rid) + 1,), rid), 0).tolist(),
+        }
+
+    out["replica"] = strategy.run(replica_fn)
+    out["gather"] = strategy.gather(torch.tensor([[float(i)] * 2] * (i + 1)), 0).tolist()
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: ctx.replica_id_in_sync_group * 10 + ctx.num_replicas_in_sync
+    )
+    out["values_from_function"] = list(strategy.experimental_local_results(values))
+
+    # initial values come from the chief
+    with strategy.scope():
+        var = sj.Variable(torch.tensor([float(i + 5), 1.0]))
+        torch.manual_seed(100 + i)  # a different initialisation on every worker
+        module = nn.Linear(5, 3)
+    out["variable"] = var.numpy().tolist()
+    out["module_checksum"] = round(sum(float(p.sum()) for p in module.parameters()), 6)
+
+    # dataset sharding across workers: range(14).batch(8), AUTO (= DATA) policy
+    batches = [torch.arange(0, 8), torch.arange(8, 14)]
+    try:
+        dist_ds = strategy.experimental_distribute_dataset(batches)
+        out["dataset"] = [
+            [t.tolist() for t in strategy.experimental_local_results(b)] for b in dist_ds
+        ]
+    except Exception as e:  # reported, so the test shows what failed
+        out["dataset"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def scenario_train() -> dict:
+    """MWMS training equals single-process training on the global batch."""
+    strategy = make_strategy()
+    w, i = strategy.extended._num_workers, strategy.extended._worker_index
+    steps, per_worker = 4, 4
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(per_worker * w, 6, generator=g)
+    y = torch.randint(0, 4, (per_worker * w,), generator=g)
+    with strategy.scope():
+        # The chief initialises like the reference; the others differently: the chief's
+        # values must win.
+        torch.manual_seed(0 if i == 0 else 100 + i)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+
+    def step_fn(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss
+
+    shard = slice(i * per_worker, (i + 1) * per_worker)
+    losses = []
+    for _ in range(steps):
+        loss = strategy.run(step_fn, args=(x[shard], y[shard]))
+        losses.append(strategy.reduce("MEAN", loss, axis=None).item())
+    reference = train_reference(x, y, steps)
+    diff = max((p.detach() - q).abs().max().item() for p, q in zip(model.parameters(), reference))
+    return {
+        "max_abs_diff": diff,
+        "losses": losses,
+        "unused_grad_is_none": model.unused.weight.grad is None,
+        "checksum": round(sum(float(p.sum()) for p in model.parameters()), 5),
+    }
+
+
+def scenario_peer_dies() -> dict:
+    """The last task dies after the first step; the others must get a clear error in time."""
+    timeout = float(os.environ.get("MWMS_TEST_TIMEOUT", "10"))
+    strategy = make_strategy(timeout)
+    ext = strategy.extended
+    victim = ext._num_workers - 1
+    with strategy.scope():
+        model = nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step_fn() -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(torch.ones(4, 8)).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    strategy.run(step_fn)
+    strategy.reduce("SUM", torch.tensor(1.0), axis=None)  # everyone passed step 1
+    if ext._worker_index == victim:
+        if os.environ.get("MWMS_TEST_MODE") == "stuck":
+            time.sleep(3 * timeout)  # alive but never joins the next collective
+            os._exit(0)
+        os.kill(os.getpid(), 9)
+    start = time.monotonic()
+    try:
+        for _ in range(50):
+            strategy.run(step_fn)
+            strategy.reduce("SUM", torch.tensor(1.0), axis=None)
+        error = None
+    except (errors.UnavailableError, errors.DeadlineExceededError) as e:
+        error = {"type": type(e).__name__, "message": str(e)}
+    return {"error": error, "seconds": time.monotonic() - start, "timeout": timeout}
+
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    result = globals()[f"scenario_{name}"]()
+    emit(result)
+    sys.stdout.flush()
+    # A peer that died leaves gloo work pending until its timeout; do not wait for it.
+    os._exit(0)

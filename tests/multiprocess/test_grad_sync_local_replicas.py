@@ -1,0 +1,98 @@
+"""Gradient synchronisation with several replica threads sharing one module (one process):
+``zero_grad`` and ``step`` act once per step and gradients are averaged over the replicas."""
+
+from __future__ import annotations
+
+import pytest
+import strategyjob as sj
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _data(n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _reference(x, y, steps: int, make_opt) -> list[torch.Tensor]:
+    model = _model()
+    opt = make_opt(model.parameters())
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def _strategies():
+    yield "mirrored-3", lambda: sj.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2"])
+    yield "mirrored-1", lambda: sj.MirroredStrategy(["cpu:0"])
+    yield "central-storage-3", lambda: sj.CentralStorageStrategy(["cpu:0", "cpu:1", "cpu:2"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("name", "make_strategy"), list(_strategies()))
+@pytest.mark.parametrize("zero_grad_on", ["optimizer", "module"])
+def test_custom_loop_equals_global_batch_training(name, make_strategy, zero_grad_on):
+    strategy = make_strategy()
+    x, y = _data()
+
+    def make_opt(params):
+        return torch.optim.Adam(params, lr=0.05)
+
+    with strategy.scope():
+        model = _model()
+        opt = make_opt(model.parameters())
+
+    def step_fn(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        (opt if zero_grad_on == "optimizer" else model).zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss
+
+    steps = 3
+    for batch_x, batch_y in strategy.experimental_distribute_dataset([(x, y)] * steps):
+        strategy.run(step_fn, args=(batch_x, batch_y))
+    for p, q in zip(model.parameters(), _reference(x, y, steps, make_opt)):
+        torch.testing.assert_close(p.detach(), q, rtol=1e-5, atol=1e-6)
+    assert int(opt.state[model[0].weight]["step"]) == steps  # one real update per step
+    assert model[0].weight.grad is not None  # gradients are visible after the step
+
+
+@pytest.mark.timeout(60)
+def test_parameters_outside_scope_are_not_synchronised():
+    strategy = sj.MirroredStrategy(["cpu:0", "cpu:1"])
+    model = nn.Linear(2, 1)  # built outside scope: plain torch, untouched by the strategy
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    model.weight.grad = torch.ones_like(model.weight)
+    before = model.weight.detach().clone()
+    opt.step()
+    torch.testing.assert_close(model.weight.detach(), before - 1.0)
+    del strategy
+
+
+@pytest.mark.timeout(60)
+def test_step_with_closure_is_refused_with_several_local_replicas():
+    strategy = sj.MirroredStrategy(["cpu:0", "cpu:1"])
+    with strategy.scope():
+        model = nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step_fn() -> None:
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = model(torch.ones(1, 2)).sum()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+
+    with pytest.raises(ValueError, match=r"optimizer.step\(closure\) is not supported"):
+        strategy.run(step_fn)

@@ -1,0 +1,137 @@
+"""MultiWorkerMirroredStrategy with real processes over gloo on 127.0.0.1, from TF_CONFIG."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from ._cluster import cluster_of, run_cluster
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _results(runs) -> list[dict]:
+    for run in runs:
+        assert run.returncode == 0, f"{run.task} exited {run.returncode}:\n{run.output[-4000:]}"
+    return [run.result for run in runs]
+
+
+@pytest.fixture(scope="module")
+def two_workers() -> list[dict]:
+    return _results(run_cluster("collectives", cluster_of(2), timeout=120))
+
+
+@pytest.fixture(scope="module")
+def chief_and_two_workers() -> list[dict]:
+    return _results(run_cluster("collectives", cluster_of(3, with_chief=True), timeout=120))
+
+
+@pytest.mark.timeout(150)
+def test_roles_from_tf_config(two_workers, chief_and_two_workers):
+    assert [r["worker_index"] for r in two_workers] == [0, 1]
+    assert [r["should_checkpoint"] for r in two_workers] == [True, False]  # worker 0 is chief
+    tasks = [r["task"] for r in chief_and_two_workers]
+    assert tasks == [["chief", 0], ["worker", 0], ["worker", 1]]
+    assert [r["worker_index"] for r in chief_and_two_workers] == [0, 1, 2]  # id_in_cluster
+    assert [r["should_checkpoint"] for r in chief_and_two_workers] == [True, False, False]
+    for r in two_workers + chief_and_two_workers:
+        assert r["num_replicas_in_sync"] == r["num_workers"]
+        assert r["multi_worker_mode"] is True
+        assert r["between_graph"] is True
+
+
+@pytest.mark.timeout(150)
+def test_reduce_across_workers(two_workers, chief_and_two_workers):
+    for results, w in ((two_workers, 2), (chief_and_two_workers, 3)):
+        for r in results:
+            assert r["reduce_sum_host"] == float(w)  # TF: 2 workers, reduce(SUM, 1.0) == 2.0
+            assert r["reduce_mean"] == pytest.approx(sum(range(w)) / w)
+            # worker i contributes arange(i + 1): MEAN over all elements, not over workers
+            values = [v for i in range(w) for v in range(i + 1)]
+            assert r["reduce_sum_axis0"] == sum(values)
+            assert r["reduce_mean_axis0"] == pytest.approx(sum(values) / len(values))
+
+
+@pytest.mark.timeout(150)
+def test_replica_context_collectives(two_workers, chief_and_two_workers):
+    for results, w in ((two_workers, 2), (chief_and_two_workers, 3)):
+        for i, r in enumerate(results):
+            rep = r["replica"]
+            assert rep["id"] == i
+            assert rep["sum"] == sum(range(1, w + 1))
+            assert rep["mean"] == pytest.approx(sum(range(1, w + 1)) / w)
+            assert rep["nest"] == [[float(w), float(w)], [sum(range(w))]]
+            expected = [float(k) for k in range(w) for _ in range(k + 1)]
+            assert rep["all_gather"] == expected  # sizes differ along the axis, rank order
+            assert r["gather"] == [[float(k)] * 2 for k in range(w) for _ in range(k + 1)]
+            assert r["values_from_function"] == [i * 10 + w]  # global replica ids
+
+
+@pytest.mark.timeout(150)
+def test_initial_values_come_from_the_chief(two_workers, chief_and_two_workers):
+    for results in (two_workers, chief_and_two_workers):
+        assert all(r["variable"] == [5.0, 1.0] for r in results)  # chief's i + 5 == 5
+        checksums = {r["module_checksum"] for r in results}
+        assert len(checksums) == 1, checksums
+
+
+@pytest.mark.timeout(150)
+def test_dataset_is_sharded_across_workers(two_workers):
+    # strategy_common_test: range(14).batch(8), 2 workers x 1 replica
+    chief, worker = (r["dataset"] for r in two_workers)
+    assert chief == [[[0, 1, 2, 3]], [[8, 9, 10]]], chief
+    assert worker == [[[4, 5, 6, 7]], [[11, 12, 13]]], worker
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_training_equals_single_process_on_the_global_batch(num_workers):
+    results = _results(run_cluster("train", cluster_of(num_workers), timeout=120))
+    for r in results:
+        assert r["max_abs_diff"] < 1e-5, r
+        assert r["unused_grad_is_none"] is True  # an unused layer neither hangs nor gets 0s
+    assert len({json.dumps(r["losses"]) for r in results}) == 1
+    assert len({r["checksum"] for r in results}) == 1
+
+
+@pytest.mark.timeout(120)
+def test_killed_peer_gives_clear_error_naming_it():
+    timeout = 10.0
+    start = time.monotonic()
+    runs = run_cluster(
+        "peer_dies",
+        cluster_of(3, with_chief=True),
+        timeout=90,
+        extra_env={"MWMS_TEST_TIMEOUT": str(timeout)},
+    )
+    elapsed = time.monotonic() - start
+    victim = runs[-1]
+    assert victim.returncode == -9
+    for run in runs[:-1]:
+        assert run.returncode == 0, run.output[-4000:]
+        error = run.result["error"]
+        assert error is not None, "the surviving task did not notice the dead peer"
+        assert error["type"] == "UnavailableError"
+        dead = "/job:worker/replica:0/task:1"
+        assert f"cluster check alive failed, {dead} is down" in error["message"]
+        assert run.result["seconds"] < timeout
+    assert elapsed < 80
+
+
+@pytest.mark.timeout(120)
+def test_stuck_peer_ends_in_deadline_exceeded():
+    timeout = 4.0
+    runs = run_cluster(
+        "peer_dies",
+        cluster_of(2),
+        timeout=90,
+        extra_env={"MWMS_TEST_TIMEOUT": str(timeout), "MWMS_TEST_MODE": "stuck"},
+    )
+    survivor = runs[0]
+    assert survivor.returncode == 0, survivor.output[-4000:]
+    error = survivor.result["error"]
+    assert error is not None and error["type"] == "DeadlineExceededError", error
+    assert "did not complete within 4 seconds" in error["message"]
+    assert timeout <= survivor.result["seconds"] < timeout + 5

@@ -1,0 +1,69 @@
+"""One worker of the two-process input test: prints its steps as one JSON line.
+
+Run as ``python mwms_input_worker.py CASE [DIR]`` with TF_CONFIG set by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import strategyjob as sj
+import torch
+from strategyjob.experimental import AutoShardPolicy, CommunicationOptions
+from strategyjob.input import FileDataset
+from torch.utils.data import DataLoader, Dataset
+
+
+class CountingDataset(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.loaded: list[int] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.loaded.append(index)
+        return torch.tensor(index)
+
+
+def read_lines(path: str) -> list[torch.Tensor]:
+    return [torch.tensor(int(line)) for line in Path(path).read_text().split()]
+
+
+def main() -> None:
+    case = sys.argv[1]
+    strategy = sj.MultiWorkerMirroredStrategy(
+        communication_options=CommunicationOptions(timeout_seconds=60)
+    )
+    result: dict = {"worker": strategy.extended._worker_index}
+    if case == "range":
+        batches = [torch.arange(i, min(i + 8, 14)) for i in range(0, 14, 8)]
+        distributed = strategy.experimental_distribute_dataset(batches)
+    elif case == "files":
+        files = sorted(str(p) for p in Path(sys.argv[2]).glob("part-*.txt"))
+        dataset = FileDataset(files, read_lines, batch_size=2)
+        distributed = strategy.experimental_distribute_dataset(
+            dataset, auto_shard_policy=AutoShardPolicy.FILE
+        )
+    else:
+        counting = CountingDataset(10)
+        distributed = strategy.experimental_distribute_dataset(DataLoader(counting, batch_size=4))
+    steps = []
+    for batch in distributed:
+        steps.append(batch.tolist())
+        # Every step is a collective step on every worker, empty batches included.
+        total = strategy.reduce(
+            "SUM", strategy.run(lambda x: x.sum().reshape(1), args=(batch,)), axis=None
+        )
+        result.setdefault("totals", []).append(total.item())
+    result["steps"] = steps
+    if case == "loader":
+        result["loaded"] = sorted(counting.loaded)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

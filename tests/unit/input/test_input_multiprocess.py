@@ -1,0 +1,85 @@
+"""Input distribution across two real worker processes (MultiWorkerMirroredStrategy, gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("mwms_input_worker.py")
+SDK = Path(__file__).resolve().parents[3] / "sdk"
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_two_workers(*args: str) -> list[dict]:
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    procs = []
+    for index in range(2):
+        env = dict(os.environ)
+        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            env.pop(name, None)
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        )
+        env["OMP_NUM_THREADS"] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), *args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err[-3000:]
+            line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+            results.append(json.loads(line[len("RESULT ") :]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return sorted(results, key=lambda r: r["worker"])
+
+
+def test_mwms_range14_batch8_two_workers() -> None:
+    chief, worker = run_two_workers("range")
+    assert chief["steps"] == [[0, 1, 2, 3], [8, 9, 10]]
+    assert worker["steps"] == [[4, 5, 6, 7], [11, 12, 13]]
+    assert chief["totals"] == worker["totals"] == [28, 63]
+
+
+def test_mwms_file_sharding_with_uneven_files(tmp_path: Path) -> None:
+    counts = [4, 1]
+    for i, count in enumerate(counts):
+        (tmp_path / f"part-{i}.txt").write_text("".join(f"{100 * i + k}\n" for k in range(count)))
+    chief, worker = run_two_workers("files", str(tmp_path))
+    assert chief["steps"] == [[0], [1], [2], [3]]
+    # The worker ran out after one step and stepped on with empty batches until the chief was done.
+    assert worker["steps"] == [[100], [], [], []]
+    assert chief["totals"] == worker["totals"] == [100, 1, 2, 3]
+
+
+def test_mwms_dataloader_data_sharding_loads_only_own_examples() -> None:
+    chief, worker = run_two_workers("loader")
+    assert chief["steps"] == [[0, 1], [4, 5], [8]]
+    assert worker["steps"] == [[2, 3], [6, 7], [9]]
+    assert chief["loaded"] == [0, 1, 4, 5, 8]
+    assert worker["loaded"] == [2, 3, 6, 7, 9]
