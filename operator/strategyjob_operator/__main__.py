@@ -13,17 +13,31 @@ import strategyjob_operator  # noqa: F401  (registers the handlers)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m strategyjob_operator", description=__doc__)
     scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)")
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
     peering = parser.add_mutually_exclusive_group()
-    peering.add_argument("--peering", default="strategyjob-operator", help="kopf peering object shared by the replicas")
-    peering.add_argument("--standalone", action="store_true", help="no peering: for a single replica")
-    parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest acts")
+    peering.add_argument(
+        "--peering",
+        default="strategyjob-operator",
+        help="kopf peering object shared by the replicas",
+    )
+    peering.add_argument(
+        "--standalone", action="store_true", help="no peering: for a single replica"
+    )
+    parser.add_argument(
+        "--priority", type=int, default=0, help="peering priority; the highest acts"
+    )
     parser.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8081/healthz")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     kopf.run(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,

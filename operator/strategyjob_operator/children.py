@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from strategyjob import jobspec
+
 from strategyjob_operator import constants as c
 
 

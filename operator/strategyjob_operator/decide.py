@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from strategyjob import jobspec
+
 from strategyjob_operator import conditions as cond
 from strategyjob_operator import constants as c
 from strategyjob_operator.observe import Replica
@@ -116,7 +117,9 @@ def _failures(
                 found.append(("", Failure(None, t, i, is_retryable(policy, None), "was deleted")))
         elif r.phase == "Failed" and not r.terminating:
             desc = _describe(r)
-            found.append((r.finished_at or "", Failure(r, t, i, is_retryable(policy, r.exit_code), desc)))
+            found.append(
+                (r.finished_at or "", Failure(r, t, i, is_retryable(policy, r.exit_code), desc))
+            )
     found.sort(key=lambda pair: pair[0] or "~")  # unknown times last, order otherwise kept
     return [f for _, f in found]
 
@@ -129,7 +132,9 @@ def _counts(
         mine = [r for r in replicas.values() if r.replica_type == t]
         prev = old.get(t) or {}
         out[t] = {
-            "active": sum(1 for r in mine if r.phase in ("Pending", "Running") and not r.terminating),
+            "active": sum(
+                1 for r in mine if r.phase in ("Pending", "Running") and not r.terminating
+            ),
             "ready": sum(1 for r in mine if r.phase == "Running" and not r.terminating),
             "succeeded": sum(1 for r in mine if r.phase == "Succeeded"),
             "failed": sum(1 for r in mine if r.phase == "Failed"),
@@ -155,33 +160,149 @@ def _cleanup(
     return tuple(sorted(out))
 
 
-def _finish_plan(
+@dataclass
+class _Draft:
+    """The status one decision builds, with the Events and metrics it implies."""
+
+    job: jobspec.StrategyJob
+    status: dict[str, Any]
+    conditions: list[dict[str, Any]]
+    now: datetime
+    events: list[Event] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+
+    def set(self, type_: str, value: bool, reason: str, message: str) -> None:
+        self.conditions = cond.set_condition(
+            self.conditions, type_, value, reason, message, timestamp(self.now)
+        )
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
+
+    def plan(self, action: Action, **kwargs: Any) -> Plan:
+        st = self.status
+        st["conditions"] = self.conditions
+        st["state"] = cond.state(self.conditions)
+        ready = sum(v["ready"] for v in (st.get("replicaStatuses") or {}).values())
+        st["ready"] = f"{ready}/{self.job.total_replicas}"
+        return Plan(action, st, events=tuple(self.events), metrics=tuple(self.metrics), **kwargs)
+
+    def finish(
+        self,
+        replicas: Mapping[tuple[str, int], Replica],
+        *,
+        succeeded: bool,
+        reason: str,
+        message: str,
+        stop_active: bool = False,
+    ) -> Plan:
+        """The job ends: Succeeded or Failed, completionTime, cleanPodPolicy applied."""
+        self.set(c.RUNNING, False, reason, message)
+        self.set(c.RESTARTING, False, reason, message)
+        self.set(c.SUCCEEDED if succeeded else c.FAILED, True, reason, message)
+        self.event("Normal" if succeeded else "Warning", reason, message)
+        self.metrics.append("jobs_succeeded" if succeeded else "jobs_failed")
+        self.status["completionTime"] = timestamp(self.now)
+        for counts in (self.status.get("replicaStatuses") or {}).values():
+            counts["ready"] = 0
+        policy = self.job.run_policy
+        ttl = policy.ttl_seconds_after_finished
+        return self.plan(
+            Action.SUCCEED if succeeded else Action.FAIL,
+            delete_pods=_cleanup(policy.clean_pod_policy, replicas, stop_active=stop_active),
+            requeue_after=float(ttl) if ttl is not None else None,
+        )
+
+
+def _decide_finished(
     job: jobspec.StrategyJob,
-    status: dict[str, Any],
+    status: Mapping[str, Any],
     replicas: Mapping[tuple[str, int], Replica],
     now: datetime,
-    *,
-    succeeded: bool,
-    reason: str,
-    message: str,
-    stop_active: bool = False,
 ) -> Plan:
-    ts = timestamp(now)
-    conds = status["conditions"]
-    conds = cond.set_condition(conds, c.RUNNING, False, reason, message, ts)
-    conds = cond.set_condition(conds, c.RESTARTING, False, reason, message, ts)
-    conds = cond.set_condition(conds, c.SUCCEEDED if succeeded else c.FAILED, True, reason, message, ts)
-    status = {**status, "conditions": conds, "completionTime": ts}
-    status["state"] = cond.state(conds)
+    """A finished job only waits for its TTL (and completes a cleanup a crash cut short)."""
+    conds = status.get("conditions") or []
+    stop = (cond.get(conds, c.FAILED) or {}).get("reason") == c.REASON_DEADLINE
+    leftovers = _cleanup(job.run_policy.clean_pod_policy, replicas, stop_active=stop)
     ttl = job.run_policy.ttl_seconds_after_finished
+    if ttl is None:
+        return Plan(Action.NONE, dict(status), delete_pods=leftovers)
+    expire = (parse_time(status.get("completionTime")) or now) + timedelta(seconds=ttl)
+    if now >= expire:
+        msg = f"StrategyJob {job.name} finished {ttl}s ago (ttlSecondsAfterFinished); deleting it."
+        return Plan(
+            Action.DELETE_JOB,
+            dict(status),
+            events=(Event("Normal", c.REASON_TTL, msg),),
+            delete_job=True,
+        )
     return Plan(
-        action=Action.SUCCEED if succeeded else Action.FAIL,
-        status=status,
-        delete_pods=_cleanup(job.run_policy.clean_pod_policy, replicas, stop_active=stop_active),
-        events=(Event("Normal" if succeeded else "Warning", reason, message),),
-        metrics=("jobs_succeeded" if succeeded else "jobs_failed",),
-        requeue_after=float(ttl) if ttl is not None else None,
+        Action.NONE,
+        dict(status),
+        delete_pods=leftovers,
+        requeue_after=(expire - now).total_seconds(),
     )
+
+
+def _decide_failures(
+    draft: _Draft,
+    failures: list[Failure],
+    replicas: Mapping[tuple[str, int], Replica],
+    requeue: float | None,
+) -> Plan:
+    """Fail the job, or restart what the strategy allows, for ``failures`` (root first)."""
+    job, st = draft.job, draft.status
+    root = failures[0]
+    permanent = [f for f in failures if not f.retryable]
+    if permanent:
+        p = permanent[0]
+        policy = job.replica_specs[p.replica_type].restart_policy
+        msg = (
+            f"StrategyJob {job.name} failed: {p.label} {p.description}; "
+            f"restartPolicy {policy} does not retry it."
+        )
+        if root is not p:
+            msg += f" First failure: {root.label} {root.description}."
+        return draft.finish(replicas, succeeded=False, reason=c.REASON_REPLICA_FAILED, message=msg)
+
+    limit = job.run_policy.backoff_limit
+    if st["restartCount"] >= limit:
+        msg = (
+            f"StrategyJob {job.name} failed: {root.label} {root.description}, and "
+            f"backoffLimit={limit} is reached after {st['restartCount']} restarts."
+        )
+        return draft.finish(replicas, succeeded=False, reason=c.REASON_BACKOFF_LIMIT, message=msg)
+
+    # Who may restart alone: the evaluator always (it is outside training); under
+    # ParameterServerStrategy the workers too (the coordinator reschedules their work).
+    collective = job.strategy in jobspec.COLLECTIVE_STRATEGIES
+    alone = {"evaluator"} if collective else {"worker", "evaluator"}
+    whole_job = any(f.replica_type not in alone for f in failures)
+    st["restartCount"] += 1
+    st["launched"] = False
+    for f in failures:
+        st["replicaStatuses"][f.replica_type]["restarts"] += 1
+    progress = f"(restart {st['restartCount']} of {limit})"
+    if whole_job:
+        why = f"{job.strategy} cannot lose a replica" if collective else f"a {root.replica_type}"
+        msg = (
+            f"StrategyJob {job.name} restarts all {job.total_replicas} pods ({why}): "
+            f"{root.label} {root.description} {progress}."
+        )
+        reason, action = c.REASON_JOB_RESTARTING, Action.RESTART_JOB
+        doomed = tuple(sorted(r.name for r in replicas.values() if not r.terminating))
+    else:
+        labels = ", ".join(f.label for f in failures)
+        msg = (
+            f"StrategyJob {job.name} recreates {labels}: {root.label} {root.description} "
+            f"{progress}."
+        )
+        reason, action = c.REASON_REPLICA_RESTARTING, Action.RECREATE_REPLICAS
+        doomed = tuple(sorted(f.replica.name for f in failures if f.replica is not None))
+    draft.set(c.RESTARTING, True, reason, msg)
+    draft.event("Warning", reason, msg)
+    draft.metrics.append("jobs_restarted")
+    return draft.plan(action, delete_pods=doomed, requeue_after=requeue)
 
 
 def decide(
@@ -192,143 +313,80 @@ def decide(
     now: datetime,
 ) -> Plan:
     """The next step for ``job``, given its current ``status``, the pods that exist
-    (``replicas``) and the time ``now``. Pure: the caller performs the plan."""
-    ts = timestamp(now)
-    st: dict[str, Any] = {k: v for k, v in status.items()}
+    (``replicas``) and the time ``now``. Pure: the caller carries the plan out."""
     conds: list[dict[str, Any]] = [dict(x) for x in status.get("conditions") or []]
-    events: list[Event] = []
-    metrics: list[str] = []
-    total = job.total_replicas
-
-    # Finished jobs only wait for their TTL (and finish a cleanup a crash interrupted).
     if cond.is_true(conds, c.SUCCEEDED) or cond.is_true(conds, c.FAILED):
-        stop = (cond.get(conds, c.FAILED) or {}).get("reason") == c.REASON_DEADLINE
-        leftovers = _cleanup(job.run_policy.clean_pod_policy, replicas, stop_active=stop)
-        ttl = job.run_policy.ttl_seconds_after_finished
-        finished = parse_time(st.get("completionTime")) or now
-        if ttl is not None:
-            expire = finished + timedelta(seconds=ttl)
-            if now >= expire:
-                msg = f"StrategyJob {job.name} finished {ttl}s ago (ttlSecondsAfterFinished); deleting it."
-                return Plan(Action.DELETE_JOB, dict(status), events=(Event("Normal", c.REASON_TTL, msg),), delete_job=True)
-            return Plan(Action.NONE, dict(status), delete_pods=leftovers, requeue_after=(expire - now).total_seconds())
-        return Plan(Action.NONE, dict(status), delete_pods=leftovers)
+        return _decide_finished(job, status, replicas, now)
 
+    ts = timestamp(now)
+    total = job.total_replicas
+    draft = _Draft(job, dict(status), conds, now)
+    st = draft.status
     st["observedGeneration"] = generation
     st.setdefault("restartCount", 0)
     st.setdefault("launched", False)
+    st["replicaStatuses"] = _counts(job, replicas, status.get("replicaStatuses") or {})
     if not cond.is_true(conds, c.CREATED):
         msg = f"StrategyJob {job.name} ({job.strategy}, {total} replicas) is created."
-        conds = cond.set_condition(conds, c.CREATED, True, c.REASON_CREATED, msg, ts)
-        events.append(Event("Normal", c.REASON_CREATED, msg))
-        metrics.append("jobs_created")
-    st["replicaStatuses"] = _counts(job, replicas, status.get("replicaStatuses") or {})
-
-    def finish_status() -> dict[str, Any]:
-        st["conditions"] = conds
-        st["state"] = cond.state(conds)
-        ready = sum(v["ready"] for v in st["replicaStatuses"].values())
-        st["ready"] = f"{ready}/{total}"
-        return st
+        draft.set(c.CREATED, True, c.REASON_CREATED, msg)
+        draft.event("Normal", c.REASON_CREATED, msg)
+        draft.metrics.append("jobs_created")
 
     # Suspend: no pods; resume: recreate them with a fresh start time (how Kueue admits).
     if job.run_policy.suspend:
-        live = tuple(sorted(r.name for r in replicas.values() if not r.terminating))
-        if not cond.is_true(conds, c.SUSPENDED):
+        if not cond.is_true(draft.conditions, c.SUSPENDED):
             msg = f"StrategyJob {job.name} is suspended; its pods are deleted."
-            conds = cond.set_condition(conds, c.SUSPENDED, True, c.REASON_SUSPENDED, msg, ts)
-            conds = cond.set_condition(conds, c.RUNNING, False, c.REASON_SUSPENDED, msg, ts)
-            conds = cond.set_condition(conds, c.RESTARTING, False, c.REASON_SUSPENDED, msg, ts)
-            events.append(Event("Normal", c.REASON_SUSPENDED, msg))
+            draft.set(c.SUSPENDED, True, c.REASON_SUSPENDED, msg)
+            draft.set(c.RUNNING, False, c.REASON_SUSPENDED, msg)
+            draft.set(c.RESTARTING, False, c.REASON_SUSPENDED, msg)
+            draft.event("Normal", c.REASON_SUSPENDED, msg)
         st["launched"] = False
         for counts in st["replicaStatuses"].values():
             counts["active"] = counts["ready"] = 0
-        return Plan(Action.SUSPEND, finish_status(), delete_pods=live, events=tuple(events), metrics=tuple(metrics))
-    if cond.is_true(conds, c.SUSPENDED):
+        live = tuple(sorted(r.name for r in replicas.values() if not r.terminating))
+        return draft.plan(Action.SUSPEND, delete_pods=live)
+    if cond.is_true(draft.conditions, c.SUSPENDED):
         msg = f"StrategyJob {job.name} is resumed; its pods are recreated."
-        conds = cond.set_condition(conds, c.SUSPENDED, False, c.REASON_RESUMED, msg, ts)
-        events.append(Event("Normal", c.REASON_RESUMED, msg))
+        draft.set(c.SUSPENDED, False, c.REASON_RESUMED, msg)
+        draft.event("Normal", c.REASON_RESUMED, msg)
         st["startTime"] = ts
     st.setdefault("startTime", ts)
     started = parse_time(st["startTime"]) or now
 
-    # Deadline: enforced from the clock, not from whatever event arrives.
+    # Deadline: enforced from the clock, not from whatever event happens to arrive.
     deadline = job.run_policy.active_deadline_seconds
     requeue = None
     if deadline is not None:
-        remaining = (started + timedelta(seconds=deadline) - now).total_seconds()
-        if remaining <= 0:
+        requeue = (started + timedelta(seconds=deadline) - now).total_seconds()
+        if requeue <= 0:
             msg = (
                 f"StrategyJob {job.name} ran longer than activeDeadlineSeconds={deadline}; "
                 "its running pods are stopped."
             )
-            st["conditions"] = conds
-            plan = _finish_plan(job, st, replicas, now, succeeded=False, reason=c.REASON_DEADLINE, message=msg, stop_active=True)
-            plan.status["ready"] = f"0/{total}"
-            return Plan(**{**plan.__dict__, "events": (*events, *plan.events), "metrics": (*metrics, *plan.metrics)})
-        requeue = remaining
+            return draft.finish(
+                replicas, succeeded=False, reason=c.REASON_DEADLINE, message=msg, stop_active=True
+            )
 
     # Success: the chief (worker 0 without one), or every worker under AllWorkers.
     winners = jobspec.success_replicas(job)
-    if all((replicas.get(k) is not None and replicas[k].phase == "Succeeded") for k in winners):
-        who = ", ".join(f"{t}-{i}" for t, i in winners) if len(winners) <= 3 else f"all {len(winners)} workers"
+    if all(k in replicas and replicas[k].phase == "Succeeded" for k in winners):
+        who = ", ".join(f"{t}-{i}" for t, i in winners[:3])
+        if len(winners) > 3:
+            who = f"all {len(winners)} workers"
         msg = f"StrategyJob {job.name} succeeded: {who} completed."
-        st["conditions"] = conds
-        plan = _finish_plan(job, st, replicas, now, succeeded=True, reason=c.REASON_SUCCEEDED, message=msg)
-        plan.status["ready"] = f"0/{total}"
-        return Plan(**{**plan.__dict__, "events": (*events, *plan.events), "metrics": (*metrics, *plan.metrics)})
+        return draft.finish(replicas, succeeded=True, reason=c.REASON_SUCCEEDED, message=msg)
 
-    # Failures: root cause first.
+    # Failures, root cause first. A permanently failed evaluator only reports.
     failures = _failures(job, replicas, bool(st["launched"]))
-    evaluator_permanent = [f for f in failures if f.replica_type == "evaluator" and not f.retryable]
-    failures = [f for f in failures if not (f.replica_type == "evaluator" and not f.retryable)]
-    for f in evaluator_permanent:
-        prev = ((status.get("replicaStatuses") or {}).get("evaluator") or {}).get("failed", 0)
-        if prev == 0:
-            events.append(Event("Warning", c.REASON_EVALUATOR_FAILED, f"evaluator-{f.index} {f.description}; the job goes on without it."))
+    lost_evaluators = [f for f in failures if f.replica_type == "evaluator" and not f.retryable]
+    failures = [f for f in failures if f not in lost_evaluators]
+    old_evaluator = (status.get("replicaStatuses") or {}).get("evaluator") or {}
+    if lost_evaluators and not old_evaluator.get("failed"):
+        f = lost_evaluators[0]
+        msg = f"{f.label} {f.description}; the job goes on without it."
+        draft.event("Warning", c.REASON_EVALUATOR_FAILED, msg)
     if failures:
-        permanent = [f for f in failures if not f.retryable]
-        root = failures[0]
-        if permanent:
-            p = permanent[0]
-            policy = job.replica_specs[p.replica_type].restart_policy
-            msg = f"StrategyJob {job.name} failed: {p.label} {p.description}; restartPolicy {policy} does not retry it."
-            if root is not p:
-                msg += f" First failure: {root.label} {root.description}."
-            st["conditions"] = conds
-            plan = _finish_plan(job, st, replicas, now, succeeded=False, reason=c.REASON_REPLICA_FAILED, message=msg)
-            return Plan(**{**plan.__dict__, "events": (*events, *plan.events), "metrics": (*metrics, *plan.metrics)})
-        limit = job.run_policy.backoff_limit
-        if st["restartCount"] >= limit:
-            msg = (
-                f"StrategyJob {job.name} failed: {root.label} {root.description}, and backoffLimit={limit} "
-                f"is reached after {st['restartCount']} restarts."
-            )
-            st["conditions"] = conds
-            plan = _finish_plan(job, st, replicas, now, succeeded=False, reason=c.REASON_BACKOFF_LIMIT, message=msg)
-            return Plan(**{**plan.__dict__, "events": (*events, *plan.events), "metrics": (*metrics, *plan.metrics)})
-        alone = {"evaluator"} if job.strategy in jobspec.COLLECTIVE_STRATEGIES else {"worker", "evaluator"}
-        whole_job = any(f.replica_type not in alone for f in failures)
-        st["restartCount"] += 1
-        st["launched"] = False
-        rs = st["replicaStatuses"]
-        rs[root.replica_type]["restarts"] += 1
-        if whole_job:
-            msg = (
-                f"StrategyJob {job.name} restarts all {total} pods ({job.strategy} cannot lose a replica): "
-                f"{root.label} {root.description} (restart {st['restartCount']} of {limit})."
-            )
-            reason, action = c.REASON_JOB_RESTARTING, Action.RESTART_JOB
-            doomed = tuple(sorted(r.name for r in replicas.values() if not r.terminating))
-        else:
-            labels = ", ".join(f.label for f in failures)
-            msg = f"StrategyJob {job.name} recreates {labels}: {root.label} {root.description} (restart {st['restartCount']} of {limit})."
-            reason, action = c.REASON_REPLICA_RESTARTING, Action.RECREATE_REPLICAS
-            doomed = tuple(sorted(f.replica.name for f in failures if f.replica is not None))
-        conds = cond.set_condition(conds, c.RESTARTING, True, reason, msg, ts)
-        events.append(Event("Warning", reason, msg))
-        metrics.append("jobs_restarted")
-        return Plan(action, finish_status(), delete_pods=doomed, events=tuple(events), metrics=tuple(metrics), requeue_after=requeue)
+        return _decide_failures(draft, failures, replicas, requeue)
 
     # Create what is missing; pods still terminating (after a restart) are waited for.
     missing = tuple(k for k in job.replicas() if k not in replicas)
@@ -339,21 +397,14 @@ def decide(
             action = Action.CREATE
         elif not terminating:
             st["launched"] = True
-            msg = f"StrategyJob {job.name}: all {total} pods exist."
-            events.append(Event("Normal", c.REASON_PODS_CREATED, msg))
+            draft.event("Normal", c.REASON_PODS_CREATED, f"All {total} pods of {job.name} exist.")
     running = sum(v["ready"] for v in st["replicaStatuses"].values())
-    if st["launched"] and running > 0:
-        msg = f"StrategyJob {job.name} is running: {running}/{total} replicas running."
-        already = cond.is_true(conds, c.RUNNING)
-        conds = cond.set_condition(conds, c.RUNNING, True, c.REASON_RUNNING, f"StrategyJob {job.name} is running.", ts)
-        if not already:
-            events.append(Event("Normal", c.REASON_RUNNING, msg))
-    return Plan(
+    if st["launched"] and running > 0 and not cond.is_true(draft.conditions, c.RUNNING):
+        draft.set(c.RUNNING, True, c.REASON_RUNNING, f"StrategyJob {job.name} is running.")
+        draft.event("Normal", c.REASON_RUNNING, f"StrategyJob {job.name} is running.")
+    return draft.plan(
         action,
-        finish_status(),
         create=missing if action is Action.CREATE else (),
-        events=tuple(events),
-        metrics=tuple(metrics),
         requeue_after=requeue,
         ensure_service=action is Action.CREATE,
     )

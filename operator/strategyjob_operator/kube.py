@@ -11,9 +11,10 @@ import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import aiohttp
+
+from strategyjob_operator import constants as c
 
 T = TypeVar("T")
 
@@ -87,7 +88,6 @@ class KubeApi:
             if self.creds.token:
                 headers["Authorization"] = f"Bearer {self.creds.token}"
             self._session = aiohttp.ClientSession(
-                base_url=None,
                 headers=headers,
                 connector=aiohttp.TCPConnector(limit=self.max_in_flight, ssl=self._ssl()),
                 timeout=aiohttp.ClientTimeout(total=60),
@@ -125,8 +125,6 @@ class KubeApi:
     # --- paths ---------------------------------------------------------------------------------
     @staticmethod
     def job_path(namespace: str, name: str = "", subresource: str = "") -> str:
-        from strategyjob_operator import constants as c
-
         path = f"/apis/{c.GROUP}/{c.VERSION}/namespaces/{namespace}/{c.PLURAL}"
         if name:
             path += f"/{name}"
@@ -220,7 +218,3 @@ async def bounded_gather(
             return await call()
 
     return await asyncio.gather(*(run(call) for call in calls), return_exceptions=True)
-
-
-def quote_name(name: str) -> str:
-    return quote(name, safe="")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strategyjob import jobspec
+
 from strategyjob_operator import constants as c
 
 
@@ -68,11 +69,20 @@ def replica_from_pod(pod: Mapping[str, Any], training_container_name: str) -> Re
     )
 
 
+def _owned_by(pod: Mapping[str, Any], owner_uid: str) -> bool:
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("uid") == owner_uid for r in refs)
+
+
 def observe(
-    job: jobspec.StrategyJob, pods: Iterable[Mapping[str, Any]]
+    job: jobspec.StrategyJob, pods: Iterable[Mapping[str, Any]], owner_uid: str | None = None
 ) -> dict[tuple[str, int], Replica]:
-    """The job's replicas that have a pod, keyed by ``(type, index)``; pods of replica
-    indices the job does not have (left over from elsewhere) are ignored."""
+    """The job's replicas that have a pod, keyed by ``(type, index)``.
+
+    Pods of indices the job does not have are ignored, and so are pods another object
+    controls (e.g. those of an earlier job of the same name that the garbage collector
+    has not removed yet): their names block creation until they are gone.
+    """
     wanted = set(job.replicas())
     names = {
         t: jobspec.training_container(spec.template).get("name", "")
@@ -80,6 +90,8 @@ def observe(
     }
     seen: dict[tuple[str, int], Replica] = {}
     for pod in pods:
+        if owner_uid is not None and not _owned_by(pod, owner_uid):
+            continue
         labels = (pod.get("metadata") or {}).get("labels") or {}
         replica = replica_from_pod(pod, names.get(labels.get(c.LABEL_REPLICA_TYPE, ""), ""))
         if replica is not None and replica.key in wanted:

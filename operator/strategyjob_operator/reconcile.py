@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from strategyjob import jobspec
+
 from strategyjob_operator import children, decide, observe
 from strategyjob_operator import constants as c
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
@@ -77,7 +78,7 @@ class Reconciler:
             return await self._invalid(job_obj, status, str(e), now)
 
         pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
-        replicas = observe.observe(job, pods)
+        replicas = observe.observe(job, pods, job_obj["metadata"].get("uid"))
         plan = decide.decide(job, job_obj["metadata"].get("generation", 0), status, replicas, now)
         if plan.action is not decide.Action.NONE:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
@@ -122,7 +123,11 @@ class Reconciler:
                 first_name, first_error = failed[0]
                 logger.warning(
                     "StrategyJob %s/%s: %d pods not created; first: %s: %s",
-                    namespace, name, len(failed), first_name, first_error,
+                    namespace,
+                    name,
+                    len(failed),
+                    first_name,
+                    first_error,
                 )
                 extra_events.append(
                     decide.Event(

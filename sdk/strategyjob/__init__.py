@@ -44,6 +44,11 @@ _PUBLIC: dict[str, str] = {
     "MirroredStrategy": ".strategies.mirrored",
     "CentralStorageStrategy": ".strategies.central_storage",
     "MultiWorkerMirroredStrategy": ".strategies.multi_worker_mirrored",
+    "ParameterServerStrategy": ".strategies.parameter_server",
+    "TPUStrategy": ".strategies.tpu",
+    # parameter servers
+    "ShardedVariable": ".ps.sharded_variable",
+    "Server": ".ps._server",
 }
 
 _SUBMODULES = {
@@ -54,6 +59,9 @@ _SUBMODULES = {
     "input",
     "jobspec",
     "launcher",
+    "runner",
+    "server",
+    "tpu",
 }
 
 __all__ = sorted(_PUBLIC) + sorted(_SUBMODULES)

@@ -1,37 +1,23 @@
-"""Integration fixtures: a real control plane (session), the operator as a subprocess,
-a namespace per test, and helpers that play the kubelet by writing pod status."""
+"""Integration fixtures: a real control plane (session), the operator as a subprocess
+(session), and a fresh namespace per test. Helpers live in ``integration_harness``."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from control_plane import REPO_ROOT, ControlPlane, find_binaries
+from integration_harness import Kube, OperatorProcess
 
-from control_plane import REPO_ROOT, ControlPlane, find_binaries, free_port
-
-kubernetes = pytest.importorskip("kubernetes")
-
-pytestmark = pytest.mark.integration
+_HERE = Path(__file__).parent
 
 
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 30.0, interval=0.1) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -43,182 +29,36 @@ def control_plane() -> Iterator[ControlPlane]:
     try:
         cp.kubectl("apply", "-f", str(REPO_ROOT / "crds"))
         cp.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/strategyjobs.strategyjob.dev", "crd/clusterkopfpeerings.kopf.dev",
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/strategyjobs.strategyjob.dev",
+            "crd/clusterkopfpeerings.kopf.dev",
         )
         yield cp
     finally:
         cp.stop()
 
 
-class OperatorProcess:
-    """The operator in its own process, as it runs in a cluster."""
-
-    def __init__(self, cp: ControlPlane, *extra: str) -> None:
-        self.cp = cp
-        self.extra = extra or ("--standalone",)
-        self.proc: subprocess.Popen | None = None
-        self.metrics_port = free_port()
-        self.log = cp.dir / f"operator-{uuid.uuid4().hex[:6]}.log"
-
-    def start(self) -> OperatorProcess:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.cp.kubeconfig),
-            "PYTHONPATH": f"{REPO_ROOT / 'sdk'}{os.pathsep}{REPO_ROOT / 'operator'}",
-            "STRATEGYJOB_METRICS_PORT": str(self.metrics_port),
-            "OMP_NUM_THREADS": "1",
-        }
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "strategyjob_operator", "-A", *self.extra],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        return self
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def metrics(self) -> str:
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            return r.read().decode()
+#: The shared operator watches only the namespaces of the ``kube`` fixture; tests that run
+#: their own operators (``own_kube``) get namespaces it never touches.
+SHARED_PREFIX = "t-"
+OWN_PREFIX = "own-"
 
 
 @pytest.fixture(scope="session")
 def operator(control_plane: ControlPlane) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(control_plane).start()
+    op = OperatorProcess(control_plane, "--standalone", "-n", f"{SHARED_PREFIX}*").start()
     try:
         yield op
     finally:
         op.stop()
 
 
-class Kube:
-    """Thin helpers over the kubernetes client for the tests."""
-
-    def __init__(self, cp: ControlPlane, namespace: str) -> None:
-        from kubernetes import client, config
-
-        self.api_client = config.new_client_from_config(config_file=str(cp.kubeconfig))
-        self.core = client.CoreV1Api(self.api_client)
-        self.custom = client.CustomObjectsApi(self.api_client)
-        self.ns = namespace
-        self.cp = cp
-
-    # --- jobs -------------------------------------------------------------------------------
-    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(
-            "strategyjob.dev", "v1alpha1", self.ns, "strategyjobs", manifest
-        )
-
-    def job(self, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.custom.get_namespaced_custom_object(
-                "strategyjob.dev", "v1alpha1", self.ns, "strategyjobs", name
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-    def patch_job(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object(
-            "strategyjob.dev", "v1alpha1", self.ns, "strategyjobs", name, patch
-        )
-
-    def delete_job(self, name: str) -> None:
-        self.custom.delete_namespaced_custom_object(
-            "strategyjob.dev", "v1alpha1", self.ns, "strategyjobs", name
-        )
-
-    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        job = self.job(name) or {}
-        for cond in (job.get("status") or {}).get("conditions") or []:
-            if cond["type"] == type_ and cond["status"] == "True":
-                return cond
-        return None
-
-    def wait_condition(self, name: str, type_: str, timeout: float = 30.0) -> dict[str, Any]:
-        return wait_for(f"{name} condition {type_}", lambda: self.condition(name, type_), timeout)
-
-    # --- pods -------------------------------------------------------------------------------
-    def pods(self, job: str) -> dict[str, Any]:
-        items = self.core.list_namespaced_pod(
-            self.ns, label_selector=f"strategyjob.dev/job-name={job}"
-        ).items
-        return {p.metadata.name: p for p in items}
-
-    def wait_pods(self, job: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
-        def ready():
-            pods = {n: p for n, p in self.pods(job).items() if not p.metadata.deletion_timestamp}
-            return pods if len(pods) == count else None
-
-        return wait_for(f"{count} pods of {job}", ready, timeout)
-
-    def set_phase(
-        self, pod: str, phase: str, exit_code: int | None = None, reason: str | None = None
-    ) -> None:
-        """Play the kubelet: write the pod's phase (and its container's exit)."""
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        container = self.core.read_namespaced_pod(pod, self.ns).spec.containers[0].name
-        state: dict[str, Any] = {"running": {"startedAt": now}}
-        if exit_code is not None:
-            state = {
-                "terminated": {
-                    "exitCode": exit_code,
-                    "reason": reason or ("Completed" if exit_code == 0 else "Error"),
-                    "startedAt": now,
-                    "finishedAt": now,
-                }
-            }
-        status = {
-            "phase": phase,
-            "containerStatuses": [
-                {
-                    "name": container,
-                    "ready": phase == "Running",
-                    "restartCount": 0,
-                    "image": "busybox",
-                    "imageID": "",
-                    "state": state,
-                }
-            ],
-        }
-        self.core.patch_namespaced_pod_status(pod, self.ns, {"status": status})
-
-    def uid(self, pod: str) -> str:
-        return self.core.read_namespaced_pod(pod, self.ns).metadata.uid
-
-    def events(self, job: str) -> list[Any]:
-        return [
-            e
-            for e in self.core.list_namespaced_event(self.ns).items
-            if e.involved_object.name == job and e.involved_object.kind == "StrategyJob"
-        ]
-
-
-@pytest.fixture
-def kube(control_plane: ControlPlane) -> Iterator[Kube]:
+def _namespace(control_plane: ControlPlane, prefix: str) -> Iterator[Kube]:
     from kubernetes import client
 
-    ns = f"t-{uuid.uuid4().hex[:8]}"
+    ns = f"{prefix}{uuid.uuid4().hex[:8]}"
     k = Kube(control_plane, ns)
     k.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
     try:
@@ -228,37 +68,13 @@ def kube(control_plane: ControlPlane) -> Iterator[Kube]:
         k.api_client.close()
 
 
-def template(name: str = "strategyjob") -> dict[str, Any]:
-    return {
-        "spec": {
-            "containers": [
-                {"name": name, "image": "python:3.11", "command": ["python", "train.py"]}
-            ]
-        }
-    }
+@pytest.fixture
+def kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    """A fresh namespace that the shared ``operator`` watches."""
+    yield from _namespace(control_plane, SHARED_PREFIX)
 
 
-def manifest(
-    name: str,
-    strategy: str,
-    replicas: dict[str, int],
-    *,
-    restart_policy: str | dict[str, str] = "Never",
-    run_policy: dict[str, Any] | None = None,
-    **spec: Any,
-) -> dict[str, Any]:
-    """A StrategyJob manifest with one busybox-like container per replica."""
-    specs = {}
-    for t, n in replicas.items():
-        policy = restart_policy if isinstance(restart_policy, str) else restart_policy.get(t, "Never")
-        specs[t] = {"replicas": n, "restartPolicy": policy, "template": template()}
-    body: dict[str, Any] = {"strategy": strategy, "replicaSpecs": specs, **spec}
-    if run_policy:
-        body["runPolicy"] = run_policy
-    return {
-        "apiVersion": "strategyjob.dev/v1alpha1",
-        "kind": "StrategyJob",
-        "metadata": {"name": name},
-        "spec": body,
-    }
-
+@pytest.fixture
+def own_kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    """A fresh namespace no shared operator watches, for tests that run their own."""
+    yield from _namespace(control_plane, OWN_PREFIX)

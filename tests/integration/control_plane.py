@@ -134,7 +134,8 @@ class ControlPlane:
             "clusters:\n- name: local\n  cluster:\n"
             f"    server: '{self.server}'\n    certificate-authority: '{self.ca_path}'\n"
             f"users:\n- name: admin\n  user:\n    token: '{self.token}'\n"
-            "contexts:\n- name: local\n  context: {cluster: local, user: admin, namespace: default}\n"
+            "contexts:\n- name: local\n"
+            "  context: {cluster: local, user: admin, namespace: default}\n"
             "current-context: local\n"
         )
         if self.controllers:

@@ -294,11 +294,14 @@ def test_whole_job_restart_on_failure(tmp_path):
                 2,
                 """
                 import os, sys, time
-                marker = "worker-1-failed-once"
-                print("attempt", "restart" if os.path.exists(marker) else "first", flush=True)
-                if not os.path.exists(marker):
+                # each replica counts its own starts: a shared marker would race between them
+                starts = f"starts-{os.environ['RANK']}"
+                with open(starts, "a") as f:
+                    f.write("x")
+                first = os.path.getsize(starts) == 1
+                print("attempt", "first" if first else "restart", flush=True)
+                if first:
                     if os.environ["RANK"] == "1":
-                        open(marker, "w").close()
                         sys.exit(1)
                     time.sleep(300)  # worker 0 is stopped by the restart
                 """,

@@ -141,10 +141,30 @@ def scenario_train() -> dict:
     for _ in range(steps):
         loss = strategy.run(step_fn, args=(x[shard], y[shard]))
         losses.append(strategy.reduce("MEAN", loss, axis=None).item())
+
+    # Gradient accumulation: two backward passes (half batches) before each step.
+    with strategy.scope():
+        torch.manual_seed(0 if i == 0 else 100 + i)
+        accumulated = Net()
+        acc_opt = torch.optim.SGD(accumulated.parameters(), lr=0.5, momentum=0.9)
+
+    def accumulate_fn(xb: torch.Tensor, yb: torch.Tensor) -> None:
+        acc_opt.zero_grad()
+        for xh, yh in zip(xb.chunk(2), yb.chunk(2)):
+            (F.cross_entropy(accumulated(xh), yh) / 2).backward()
+        acc_opt.step()
+
+    for _ in range(steps):
+        strategy.run(accumulate_fn, args=(x[shard], y[shard]))
+
     reference = train_reference(x, y, steps)
-    diff = max((p.detach() - q).abs().max().item() for p, q in zip(model.parameters(), reference))
+
+    def max_diff(m: nn.Module) -> float:
+        return max((p.detach() - q).abs().max().item() for p, q in zip(m.parameters(), reference))
+
     return {
-        "max_abs_diff": diff,
+        "max_abs_diff": max_diff(model),
+        "accumulated_max_abs_diff": max_diff(accumulated),
         "losses": losses,
         "unused_grad_is_none": model.unused.weight.grad is None,
         "checksum": round(sum(float(p.sum()) for p in model.parameters()), 5),
@@ -156,7 +176,7 @@ def scenario_peer_dies() -> dict:
     timeout = float(os.environ.get("MWMS_TEST_TIMEOUT", "10"))
     strategy = make_strategy(timeout)
     ext = strategy.extended
-    victim = ext._num_workers - 1
+    victim = int(os.environ.get("MWMS_TEST_VICTIM", ext._num_workers - 1))
     with strategy.scope():
         model = nn.Linear(8, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -172,7 +192,7 @@ def scenario_peer_dies() -> dict:
     strategy.reduce("SUM", torch.tensor(1.0), axis=None)  # everyone passed step 1
     if ext._worker_index == victim:
         if os.environ.get("MWMS_TEST_MODE") == "stuck":
-            time.sleep(3 * timeout)  # alive but never joins the next collective
+            time.sleep(2 * timeout)  # alive but never joins the next collective
             os._exit(0)
         os.kill(os.getpid(), 9)
     start = time.monotonic()

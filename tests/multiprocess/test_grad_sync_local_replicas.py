@@ -96,3 +96,33 @@ def test_step_with_closure_is_refused_with_several_local_replicas():
 
     with pytest.raises(ValueError, match=r"optimizer.step\(closure\) is not supported"):
         strategy.run(step_fn)
+
+
+def test_buckets_follow_reverse_registration_order_and_sizes():
+    from strategyjob.collective.grad_sync import FIRST_BUCKET_BYTES, _build_buckets
+
+    mib = 1024 * 1024 // 4  # float32 elements per MiB
+    params = [
+        nn.Parameter(torch.zeros(3 * mib)),  # registered first: reduced last
+        nn.Parameter(torch.zeros(mib // 2)),
+        nn.Parameter(torch.zeros(2, dtype=torch.float64)),
+        nn.Parameter(torch.zeros(mib // 2 + 1)),
+        nn.Parameter(torch.zeros(4), requires_grad=False),
+    ]
+    buckets = _build_buckets(params, bucket_bytes=2 * 1024 * 1024)
+    index = {id(p): k for k, p in enumerate(params)}
+    layout = [[index[id(p)] for p in b.params] for b in buckets]
+    # float32: the first bucket closes past 1 MiB, the next ones past 2 MiB; float64 apart;
+    # parameters without requires_grad are not reduced
+    assert layout == [[3, 1], [0], [2]]
+    assert buckets[0].flat.numel() * 4 >= FIRST_BUCKET_BYTES
+    assert buckets[2].flat.dtype == torch.float64
+    assert buckets[0].flat.numel() == mib + 1 + 2  # gradients, then one flag per parameter
+
+
+def test_collective_packs_group_by_dtype_and_size():
+    from strategyjob.collective.process_group import _packs
+
+    tensors = [torch.zeros(4), torch.zeros(4, dtype=torch.int64), torch.zeros(4), torch.zeros(4)]
+    assert _packs(tensors, 0) == [[0, 2, 3], [1]]
+    assert _packs(tensors, 32) == [[0, 2], [3], [1]]  # a pack closes once it reaches 32 bytes

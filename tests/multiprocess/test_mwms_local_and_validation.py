@@ -207,3 +207,25 @@ def test_membership_environment_takes_precedence():
         membership_from_cluster({"worker": ["a:1", "b:2"]}, "worker", 0, environ={"RANK": "5"})
     with pytest.raises(ValueError, match="does not take part in collectives"):
         membership_from_cluster({"worker": ["a:1"], "ps": ["p:1"]}, "ps", 0, environ={})
+
+
+@pytest.mark.timeout(30)
+def test_absent_leader_ends_rendezvous_with_its_name(monkeypatch):
+    monkeypatch.setenv("STRATEGYJOB_RENDEZVOUS_TIMEOUT", "2")
+    _tf_config(monkeypatch, {"worker": _unreachable_cluster()}, "worker", 1)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        sj.MultiWorkerMirroredStrategy()
+    assert str(e.value).startswith("Timeout waiting for the cluster, timeout is 2 seconds")
+    assert "could not reach the collective leader /job:worker/replica:0/task:0" in str(e.value)
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.timeout(30)
+def test_evaluator_outside_the_training_cluster_runs_alone(monkeypatch):
+    # strategyjob's TF_CONFIG leaves the evaluator out of the cluster (see jobspec)
+    _tf_config(monkeypatch, {"worker": _unreachable_cluster()}, "evaluator", 0)
+    strategy = sj.MultiWorkerMirroredStrategy()
+    assert strategy.extended._in_multi_worker_mode() is False
+    assert strategy.extended.should_checkpoint is True
+    assert strategy.extended.worker_devices == ("/job:evaluator/replica:0/task:0/device:CPU:0",)

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 from torch.nn.modules import module as _module
+from torch.nn.parameter import is_lazy
 from torch.optim import optimizer as _optimizer
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -177,8 +178,13 @@ class GradientSynchronizer:
 
     The strategy's ``extended`` provides ``_local_devices``, ``_num_workers`` and
     ``_cross_worker_all_reduce``; optionally ``_cross_worker_all_reduce_async(flat)`` (returns
-    an object with ``wait()``) to overlap communication with backward, ``_gradient_bucket_bytes``
-    and ``_broadcast_parameters_from_chief(params)`` for initial values.
+    an object with ``wait()``) to overlap communication with backward, and
+    ``_gradient_bucket_bytes``. Strategies that must give new parameters the chief's values
+    take them from :meth:`take_pending_broadcast`.
+
+    Every parameter registered with the strategy stays in its buckets for the strategy's
+    lifetime (a deterministic layout, identical on every worker); with several models in one
+    strategy, every bucket is reduced at each optimizer step.
     """
 
     def __init__(self, extended: Any) -> None:
@@ -189,6 +195,9 @@ class GradientSynchronizer:
         self._where: dict[int, tuple[_Bucket, int]] = {}
         self._next_launch = 0
         self._lock = threading.Lock()
+        self._local: int | None = None
+        self._workers: int | None = None
+        self._overlap: bool | None = None
 
     @property
     def extended(self) -> Any:
@@ -205,26 +214,32 @@ class GradientSynchronizer:
         param.register_post_accumulate_grad_hook(self._on_grad_ready)
 
     def take_pending_broadcast(self) -> list[torch.nn.Parameter]:
-        """Parameters whose initial values have not been synchronised yet (and forget them)."""
-        pending, self._pending_broadcast = self._pending_broadcast, []
-        return pending
+        """Parameters whose initial values have not been synchronised yet (and forget them).
+        Lazy parameters (``nn.LazyLinear``…) stay pending until their first forward."""
+        ready = [p for p in self._pending_broadcast if not is_lazy(p)]
+        self._pending_broadcast = [p for p in self._pending_broadcast if is_lazy(p)]
+        return ready
 
-    # --- topology -------------------------------------------------------------------------
+    # --- topology (fixed for a strategy; cached because the hooks run every step) ---------
     def _local_replicas(self) -> int:
-        return len(getattr(self.extended, "_local_devices", ()) or (None,))
+        if self._local is None:
+            self._local = len(getattr(self.extended, "_local_devices", ()) or (None,))
+        return self._local
 
     def _num_workers(self) -> int:
-        return int(getattr(self.extended, "_num_workers", 1) or 1)
+        if self._workers is None:
+            self._workers = int(getattr(self.extended, "_num_workers", 1) or 1)
+        return self._workers
 
     def _overlapping(self) -> bool:
         """One replica per process and several workers: the bucketed (DDP-like) path."""
-        extended = self.extended
-        return (
-            extended is not None
-            and self._num_workers() > 1
-            and self._local_replicas() == 1
-            and hasattr(extended, "_cross_worker_all_reduce_async")
-        )
+        if self._overlap is None:
+            self._overlap = (
+                self._num_workers() > 1
+                and self._local_replicas() == 1
+                and hasattr(self.extended, "_cross_worker_all_reduce_async")
+            )
+        return self._overlap
 
     def _ensure_buckets(self) -> list[_Bucket]:
         if self._buckets is None:

@@ -16,6 +16,7 @@ connect: refused means the process is gone), so a dead peer ends the step with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
@@ -168,6 +169,11 @@ class _LivenessListener:
         self.port = self._sock.getsockname()[1]
         threading.Thread(target=self._serve, name="strategyjob-liveness", daemon=True).start()
 
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        self._sock.close()
+
     def _serve(self) -> None:
         while True:
             try:
@@ -205,7 +211,11 @@ class CollectiveGroup:
         self._state: dict[str, errors.OpError | None] = {"broken": None}  # shared by views
         self._peers: dict[int, tuple[str, int]] = {}
         self._listener = _LivenessListener()
-        self._rendezvous()
+        try:
+            self._rendezvous()
+        except BaseException:
+            self._listener.close()
+            raise
 
     # ----------------------------------------------------------------- set-up
     def _rendezvous(self) -> None:
@@ -259,6 +269,8 @@ class CollectiveGroup:
                 timeout=datetime.timedelta(seconds=self._timeout),
             )
         self._store = store
+        self._pg = dist.distributed_c10d._get_default_group()
+        self._sum_options = dist.AllreduceOptions()  # reduceOp defaults to SUM
 
     def _backend(self) -> str:
         if (
@@ -352,8 +364,16 @@ class CollectiveGroup:
             raise self._diagnose(e, what) from e
 
     def all_reduce_async(self, flat: torch.Tensor) -> dist.Work:
-        """Launch a SUM all-reduce of ``flat`` in place; finish it with :meth:`wait`."""
-        return self._launch("all-reduce", dist.all_reduce, flat)
+        """Launch a SUM all-reduce of ``flat`` in place; finish it with :meth:`wait`.
+
+        Calls the process group directly: the gradient buckets launch it from backward hooks,
+        where ``dist.all_reduce``'s argument checks would cost as much as the launch itself.
+        """
+        self.check()
+        try:
+            return self._pg.allreduce([flat], self._sum_options)
+        except RuntimeError as e:
+            raise self._diagnose(e, "all-reduce") from e
 
     def all_reduce(self, tensors: Sequence[torch.Tensor], reduce_op: str) -> list[torch.Tensor]:
         """``reduce_op`` ("sum" or "mean") of each tensor across workers; new tensors.

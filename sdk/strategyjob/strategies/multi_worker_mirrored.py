@@ -14,6 +14,7 @@ rendezvous.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,13 +73,18 @@ class MultiWorkerMirroredExtended(MirroredExtended):
                     "When `cluster_spec` is given, you must also specify `task_type` and `task_id`."
                 )
             multi_worker_util.validate_cluster_spec(cluster_spec, task_type, task_id)
-            num_workers = multi_worker_util.worker_count(cluster_spec, task_type)
-            if not num_workers:
-                raise ValueError(
-                    "No `worker`, `chief` or `evaluator` tasks can be found in `cluster_spec`."
-                )
-            is_chief = multi_worker_util.is_chief(cluster_spec, task_type, task_id)
-            worker_index = multi_worker_util.id_in_cluster(cluster_spec, task_type, task_id)
+            if task_type == "evaluator" and "evaluator" not in cluster_spec.jobs:
+                # StrategyJob leaves the evaluator out of TF_CONFIG's cluster: it evaluates on
+                # its own, as TF's evaluator does (a one-worker cluster, its own chief).
+                num_workers, is_chief, worker_index = 1, True, 0
+            else:
+                num_workers = multi_worker_util.worker_count(cluster_spec, task_type)
+                if not num_workers:
+                    raise ValueError(
+                        "No `worker`, `chief` or `evaluator` tasks can be found in `cluster_spec`."
+                    )
+                is_chief = multi_worker_util.is_chief(cluster_spec, task_type, task_id)
+                worker_index = multi_worker_util.id_in_cluster(cluster_spec, task_type, task_id)
         else:
             num_workers, is_chief, worker_index = 1, True, 0
 
@@ -171,7 +177,8 @@ class MultiWorkerMirroredExtended(MirroredExtended):
 
     def _exit_scope(self) -> None:
         super()._exit_scope()
-        self._broadcast_pending_parameters()
+        if sys.exc_info()[0] is None:  # not while an error unwinds: peers may not follow
+            self._broadcast_pending_parameters()
 
     def _call_for_each_replica(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         self._broadcast_pending_parameters()

@@ -4,7 +4,7 @@ pod phases written through the API (no kubelet runs here)."""
 from __future__ import annotations
 
 import pytest
-from conftest import manifest, wait_for
+from integration_harness import manifest, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -51,7 +51,10 @@ def test_all_workers_success_policy_waits_for_every_worker(kube, operator):
     m = manifest("allw", "MultiWorkerMirroredStrategy", {"worker": 2}, successPolicy="AllWorkers")
     start(kube, m, 2)
     kube.set_phase("allw-worker-0", "Succeeded", exit_code=0)
-    wait_for("worker-0 counted", lambda: kube.job("allw")["status"]["replicaStatuses"]["worker"]["succeeded"] == 1)
+    wait_for(
+        "worker-0 counted",
+        lambda: kube.job("allw")["status"]["replicaStatuses"]["worker"]["succeeded"] == 1,
+    )
     assert kube.condition("allw", "Succeeded") is None
     kube.set_phase("allw-worker-1", "Succeeded", exit_code=0)
     kube.wait_condition("allw", "Succeeded")
@@ -75,10 +78,21 @@ def test_never_policy_fails_the_job_naming_replica_and_exit_code(kube, operator)
         pytest.param("ExitCode", 1, False, id="exitcode-1"),
     ],
 )
-def test_collective_retryable_failure_restarts_the_whole_job(kube, operator, policy, exit_code, restarts):
-    pods = start(kube, manifest("col", "MultiWorkerMirroredStrategy", {"worker": 3}, restart_policy=policy), 3)
+def test_collective_retryable_failure_restarts_the_whole_job(
+    kube, operator, policy, exit_code, restarts
+):
+    pods = start(
+        kube,
+        manifest("col", "MultiWorkerMirroredStrategy", {"worker": 3}, restart_policy=policy),
+        3,
+    )
     old = {p.metadata.uid for p in pods.values()}
-    kube.set_phase("col-worker-2", "Failed", exit_code=exit_code, reason="OOMKilled" if exit_code == 137 else None)
+    kube.set_phase(
+        "col-worker-2",
+        "Failed",
+        exit_code=exit_code,
+        reason="OOMKilled" if exit_code == 137 else None,
+    )
     if not restarts:
         cond = kube.wait_condition("col", "Failed")
         assert "worker-2 exited with code 1" in cond["message"] and "ExitCode" in cond["message"]
@@ -93,7 +107,12 @@ def test_collective_retryable_failure_restarts_the_whole_job(kube, operator, pol
 
 
 def test_parameter_server_worker_is_recreated_alone(kube, operator):
-    m = manifest("pss", "ParameterServerStrategy", {"chief": 1, "worker": 2, "ps": 1}, restart_policy="OnFailure")
+    m = manifest(
+        "pss",
+        "ParameterServerStrategy",
+        {"chief": 1, "worker": 2, "ps": 1},
+        restart_policy="OnFailure",
+    )
     pods = start(kube, m, 4)
     uids = {n: p.metadata.uid for n, p in pods.items()}
     kube.set_phase("pss-worker-1", "Failed", exit_code=1)
@@ -101,7 +120,11 @@ def test_parameter_server_worker_is_recreated_alone(kube, operator):
     def recreated():
         now = kube.pods("pss")
         w = now.get("pss-worker-1")
-        return w is not None and w.metadata.uid != uids["pss-worker-1"] and not w.metadata.deletion_timestamp
+        return (
+            w is not None
+            and w.metadata.uid != uids["pss-worker-1"]
+            and not w.metadata.deletion_timestamp
+        )
 
     wait_for("worker-1 recreated", recreated)
     now = kube.pods("pss")
@@ -109,11 +132,18 @@ def test_parameter_server_worker_is_recreated_alone(kube, operator):
         assert now[n].metadata.uid == uids[n], f"{n} must survive a worker failure"
     status = kube.job("pss")["status"]
     assert status["restartCount"] == 1
-    assert kube.condition("pss", "Restarting")["reason"] == "ReplicaRestarting"
+    # Restarting is brief here: the other replicas still run, so Running comes straight back
+    restarts = [e for e in kube.events("pss") if e.reason == "ReplicaRestarting"]
+    assert restarts and "recreates worker-1" in restarts[0].message
 
 
 def test_parameter_server_ps_failure_restarts_the_job(kube, operator):
-    m = manifest("pps", "ParameterServerStrategy", {"chief": 1, "worker": 1, "ps": 1}, restart_policy="OnFailure")
+    m = manifest(
+        "pps",
+        "ParameterServerStrategy",
+        {"chief": 1, "worker": 1, "ps": 1},
+        restart_policy="OnFailure",
+    )
     pods = start(kube, m, 3)
     kube.set_phase("pps-ps-0", "Failed", exit_code=1)
     new_uids(kube, "pps", {p.metadata.uid for p in pods.values()}, 3)
@@ -121,14 +151,22 @@ def test_parameter_server_ps_failure_restarts_the_job(kube, operator):
 
 
 def test_backoff_limit_exhaustion_fails_with_the_last_failure(kube, operator):
-    m = manifest("bo", "MultiWorkerMirroredStrategy", {"worker": 2}, restart_policy="OnFailure", run_policy={"backoffLimit": 1})
+    m = manifest(
+        "bo",
+        "MultiWorkerMirroredStrategy",
+        {"worker": 2},
+        restart_policy="OnFailure",
+        run_policy={"backoffLimit": 1},
+    )
     pods = start(kube, m, 2)
     kube.set_phase("bo-worker-0", "Failed", exit_code=1)
     pods = new_uids(kube, "bo", {p.metadata.uid for p in pods.values()}, 2)
     kube.set_phase("bo-worker-1", "Failed", exit_code=143, reason="Error")
     cond = kube.wait_condition("bo", "Failed")
     assert cond["reason"] == "BackoffLimitExceeded"
-    assert "worker-1 exited with code 143" in cond["message"] and "backoffLimit=1" in cond["message"]
+    assert (
+        "worker-1 exited with code 143" in cond["message"] and "backoffLimit=1" in cond["message"]
+    )
     assert any(e.reason == "BackoffLimitExceeded" for e in kube.events("bo"))
 
 
@@ -141,7 +179,12 @@ def test_pod_deleted_behind_the_operators_back_is_a_failure(kube, operator):
 
 
 def test_active_deadline_fails_the_job_on_time_without_any_event(kube, operator):
-    m = manifest("dl", "MultiWorkerMirroredStrategy", {"worker": 1}, run_policy={"activeDeadlineSeconds": 3, "cleanPodPolicy": "None"})
+    m = manifest(
+        "dl",
+        "MultiWorkerMirroredStrategy",
+        {"worker": 1},
+        run_policy={"activeDeadlineSeconds": 3, "cleanPodPolicy": "None"},
+    )
     start(kube, m, 1)
     cond = kube.wait_condition("dl", "Failed", timeout=15)
     assert cond["reason"] == "DeadlineExceeded"
@@ -150,7 +193,12 @@ def test_active_deadline_fails_the_job_on_time_without_any_event(kube, operator)
 
 
 def test_ttl_deletes_the_finished_job(kube, operator):
-    m = manifest("ttl", "MultiWorkerMirroredStrategy", {"worker": 1}, run_policy={"ttlSecondsAfterFinished": 2})
+    m = manifest(
+        "ttl",
+        "MultiWorkerMirroredStrategy",
+        {"worker": 1},
+        run_policy={"ttlSecondsAfterFinished": 2},
+    )
     start(kube, m, 1)
     kube.set_phase("ttl-worker-0", "Succeeded", exit_code=0)
     kube.wait_condition("ttl", "Succeeded")
@@ -175,7 +223,17 @@ def test_deleting_the_job_deletes_its_pods_and_service(kube, operator):
     wait_for("job gone", lambda: kube.job("gone") is None)
     wait_for("pods garbage-collected", lambda: not kube.pods("gone"), timeout=60)
     services = kube.core.list_namespaced_service(kube.ns).items
-    wait_for("service garbage-collected", lambda: not [s for s in kube.core.list_namespaced_service(kube.ns).items if s.metadata.name == "gone"], timeout=60)
+    wait_for(
+        "service garbage-collected",
+        lambda: (
+            not [
+                s
+                for s in kube.core.list_namespaced_service(kube.ns).items
+                if s.metadata.name == "gone"
+            ]
+        ),
+        timeout=60,
+    )
     assert services is not None
 
 
@@ -183,7 +241,10 @@ def test_evaluator_failure_does_not_fail_the_job(kube, operator):
     m = manifest("ev", "MultiWorkerMirroredStrategy", {"worker": 1, "evaluator": 1})
     start(kube, m, 2)
     kube.set_phase("ev-evaluator-0", "Failed", exit_code=1)
-    wait_for("evaluator counted", lambda: kube.job("ev")["status"]["replicaStatuses"]["evaluator"]["failed"] == 1)
+    wait_for(
+        "evaluator counted",
+        lambda: kube.job("ev")["status"]["replicaStatuses"]["evaluator"]["failed"] == 1,
+    )
     assert kube.condition("ev", "Failed") is None
     kube.set_phase("ev-worker-0", "Succeeded", exit_code=0)
     kube.wait_condition("ev", "Succeeded")
@@ -195,3 +256,20 @@ def test_metrics_endpoint_counts_jobs_and_pods(kube, operator):
     assert f'strategyjob_operator_pods_created_total{{job_namespace="{kube.ns}"}} 2' in text
     assert f'strategyjob_operator_jobs_created_total{{job_namespace="{kube.ns}"}} 1' in text
     assert "strategyjob_operator_reconcile_duration_seconds_count" in text
+
+
+@pytest.mark.parametrize(
+    ("policy", "left"),
+    [
+        pytest.param("None", {"cp-worker-0", "cp-worker-1"}, id="none-keeps-all"),
+        pytest.param("All", set(), id="all-deletes-all"),
+    ],
+)
+def test_clean_pod_policy_on_completion(kube, operator, policy, left):
+    m = manifest(
+        "cp", "MultiWorkerMirroredStrategy", {"worker": 2}, run_policy={"cleanPodPolicy": policy}
+    )
+    start(kube, m, 2)
+    kube.set_phase("cp-worker-0", "Succeeded", exit_code=0)
+    kube.wait_condition("cp", "Succeeded")
+    wait_for(f"pods left: {sorted(left)}", lambda: set(kube.pods("cp")) == left)

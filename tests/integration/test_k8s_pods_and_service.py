@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import manifest, wait_for
+from integration_harness import manifest, wait_for
 
 TOPOLOGIES = [
     pytest.param("MultiWorkerMirroredStrategy", {"worker": 3}, id="mwms"),
-    pytest.param("MultiWorkerMirroredStrategy", {"chief": 1, "worker": 2, "evaluator": 1}, id="mwms-chief-eval"),
+    pytest.param(
+        "MultiWorkerMirroredStrategy",
+        {"chief": 1, "worker": 2, "evaluator": 1},
+        id="mwms-chief-eval",
+    ),
     pytest.param("ParameterServerStrategy", {"chief": 1, "worker": 2, "ps": 2}, id="pss"),
     pytest.param("MirroredStrategy", {"worker": 1}, id="mirrored"),
     pytest.param("CentralStorageStrategy", {"chief": 1}, id="central-storage"),
@@ -49,7 +53,12 @@ def test_each_strategy_gets_its_pods_service_and_environment(kube, operator, str
             assert labels["strategyjob.dev/replica-index"] == str(i)
             assert (labels.get("strategyjob.dev/job-role") == "chief") == ((t, i) == leader)
             ref = pod.metadata.owner_references[0]
-            assert (ref.kind, ref.name, ref.uid, ref.controller) == ("StrategyJob", "train", uid, True)
+            assert (ref.kind, ref.name, ref.uid, ref.controller) == (
+                "StrategyJob",
+                "train",
+                uid,
+                True,
+            )
             container = pod.spec.containers[0]
             env = {e.name: e.value for e in container.env}
             tf_config = json.loads(env["TF_CONFIG"])

@@ -1,0 +1,530 @@
+"""State on the parameter servers as seen from the coordinator and the workers.
+
+* ``PSVariable``: a ``strategyjob.Variable`` whose value lives on one ps; every read and
+  update is a call to that ps (the update runs there).
+* Module parameters created in scope keep a ``ParamRef`` (or ``ShardedParamRef``) in
+  ``param._sj_ref``. Shipped to a worker, a dense parameter becomes a worker-local
+  ``nn.Parameter`` whose current value is read from its ps in each closure, before first use
+  (riding along with the closure's first call to that ps); an ``nn.Embedding`` whose table is
+  sharded becomes a ``RemoteEmbedding`` that gathers only the rows it needs; an optimizer over
+  such parameters becomes a ``RemoteOptimizer`` whose ``step()`` sends the gradients (dense, or
+  the touched rows only) to the ps tasks, where the optimizer's own update rule runs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from strategyjob import _variables
+from strategyjob.ps import _wire
+from strategyjob.ps import strategyjob_ps_pb2 as pb
+from strategyjob.ps._transport import ps_device, run_ps_ops
+from strategyjob.ps._wire import to_proto
+
+__all__ = [
+    "PSVariable",
+    "ParamRef",
+    "RemoteEmbedding",
+    "RemoteOptimizer",
+    "ShardedParamRef",
+    "worker_state",
+]
+
+
+def var_op(op: str, key: str, value: Any = None, indices: Any = None, **kw: Any) -> pb.VarOp:
+    message = pb.VarOp(op=op, name=key, **kw)
+    if value is not None:
+        message.value.CopyFrom(to_proto(value))
+    if indices is not None:
+        message.indices.CopyFrom(to_proto(indices))
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# strategyjob.Variable on a ps
+
+
+class PSVariable(_variables.Variable):
+    """A variable held by parameter server ``task`` under the unique key ``key``."""
+
+    @classmethod
+    def _handle(
+        cls,
+        *,
+        key: str,
+        task: int,
+        shape: torch.Size,
+        dtype: torch.dtype,
+        name: str,
+        trainable: bool = True,
+        synchronization: Any = _variables.VariableSynchronization.AUTO,
+        aggregation: Any = _variables.VariableAggregation.NONE,
+        strategy: Any = None,
+    ) -> PSVariable:
+        variable = object.__new__(cls)
+        variable._key = key
+        variable._task = task
+        variable._shape = torch.Size(shape)
+        variable._dtype = dtype
+        variable._name = name
+        variable._trainable = trainable
+        variable._synchronization = synchronization
+        variable._aggregation = aggregation
+        variable._distribute_strategy = strategy
+        variable._container = None
+        variable._lock = threading.Lock()
+        return variable
+
+    def __reduce__(self) -> Any:
+        meta = dict(
+            key=self._key,
+            task=self._task,
+            shape=tuple(self._shape),
+            dtype=self._dtype,
+            name=self._name,
+            trainable=self._trainable,
+            synchronization=self._synchronization,
+            aggregation=self._aggregation,
+        )
+        return (_rebuild_variable, (meta,))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._shape
+
+    @property
+    def device(self) -> str:
+        return ps_device(self._task)
+
+    @property
+    def grad(self) -> None:
+        return None
+
+    def _run(self, op: pb.VarOp) -> list[torch.Tensor]:
+        return run_ps_ops(self._task, [op])
+
+    def _value_for_op(self) -> torch.Tensor:
+        return self._run(var_op("read", self._key))[0]
+
+    def read_value(self) -> torch.Tensor:
+        return self._value_for_op()
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._run(var_op("gather", self._key, indices=ids.to(torch.long)))[0]
+
+    def _convert(self, value: Any, op_name: str) -> torch.Tensor:
+        if isinstance(value, torch.Tensor) or hasattr(value, "_value_for_op"):
+            value = _variables._unwrap(value)
+            tensor = value.detach().to(dtype=self._dtype, device="cpu")
+        else:
+            tensor = torch.as_tensor(value, dtype=self._dtype)
+        if tensor.shape != self._shape:
+            if op_name == "assign":
+                raise ValueError(
+                    f"Cannot assign value to variable ' {self._name}': Shape mismatch."
+                    f"The variable shape {_variables._shape_str(self._shape)}, and the assigned "
+                    f"value shape {_variables._shape_str(tensor.shape)} are incompatible."
+                )
+            raise ValueError(
+                f"Cannot update variable with shape {list(self._shape)} using a Tensor with "
+                f"shape {list(tensor.shape)}, shapes must be equal."
+            )
+        return tensor
+
+    def _apply(self, op_name: str, value: Any, read_value: bool) -> torch.Tensor | None:
+        tensor = self._convert(value, op_name)
+        result = self._run(var_op(op_name, self._key, tensor, read_back=read_value))
+        return result[0] if read_value else None
+
+    def _scatter(self, op_name: str, sparse_delta: Any) -> torch.Tensor:
+        indices, updates = _variables._sparse_parts(sparse_delta)
+        updates = torch.as_tensor(_variables._unwrap(updates)).detach().to(self._dtype)
+        op = var_op(op_name, self._key, updates, torch.as_tensor(indices).to(torch.long))
+        op.read_back = True
+        return self._run(op)[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"<strategyjob.Variable '{self._name}' shape={_variables._shape_str(self._shape)} "
+            f"dtype={_variables._dtype_name(self._dtype)}, device={self.device}>"
+        )
+
+    __str__ = __repr__
+
+
+def _rebuild_variable(meta: dict[str, Any]) -> PSVariable:
+    return PSVariable._handle(**meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# module parameters
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    """Where one (dense) module parameter, or one shard of it, lives."""
+
+    key: str
+    task: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool = True
+
+    @property
+    def device(self) -> str:
+        return ps_device(self.task)
+
+
+@dataclass(frozen=True)
+class ShardedParamRef:
+    """A module parameter split by rows into ``shards`` (div partition, in order)."""
+
+    shards: tuple[ParamRef, ...]
+
+    @property
+    def offsets(self) -> list[int]:
+        out = [0]
+        for shard in self.shards:
+            out.append(out[-1] + shard.shape[0])
+        return out
+
+
+def coordinator_hook(obj: Any) -> Any:
+    """Persistent id of a module parameter placed on the ps (see ``_wire.dumps``)."""
+    if isinstance(obj, torch.Tensor):
+        ref = getattr(obj, "_sj_ref", None)
+        if ref is not None:
+            return ("param", ref)
+    return None
+
+
+class ShardedHandle:
+    """Worker-side stand-in of a sharded parameter: row gathers and pending row gradients."""
+
+    def __init__(self, ref: ShardedParamRef) -> None:
+        self.ref = ref
+        self.offsets = torch.tensor(ref.offsets, dtype=torch.long)
+        self.anchor = torch.nn.Parameter(torch.zeros(0))  # lets autograd call our backward
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def _route(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(ids, self.offsets[1:], right=True)
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (1-D, unique): one call per ps, one gather per shard touched; the
+        closure's pending dense-parameter reads on that ps travel in the same call."""
+        owner = self._route(ids)
+        by_task: dict[int, list[tuple[torch.Tensor, pb.VarOp]]] = defaultdict(list)
+        for i, shard in enumerate(self.ref.shards):
+            mask = owner == i
+            if bool(mask.any()):
+                local = ids[mask] - int(self.offsets[i])
+                by_task[shard.task].append((mask, var_op("gather", shard.key, indices=local)))
+        width = self.ref.shards[0].shape[1:]
+        out = torch.empty((ids.numel(), *width), dtype=self.ref.shards[0].dtype)
+        state = worker_state()
+        for task, items in by_task.items():
+            reads = state.take_pending(task)
+            results = run_ps_ops(
+                task, [var_op("read", r.key) for r in reads] + [op for _, op in items]
+            )
+            state.store(reads, results[: len(reads)])
+            for (mask, _), part in zip(items, results[len(reads) :]):
+                out[mask] = part
+        return out
+
+    def sparse_ops(self, opt_json: str) -> dict[int, list[pb.VarOp]]:
+        """The pending row gradients as ``apply_sparse`` ops per ps task; clears them."""
+        ops: dict[int, list[pb.VarOp]] = defaultdict(list)
+        if not self.pending:
+            return ops
+        ids = torch.cat([i for i, _ in self.pending])
+        grads = torch.cat([g for _, g in self.pending])
+        self.pending.clear()
+        owner = self._route(ids)
+        for i, shard in enumerate(self.ref.shards):
+            mask = owner == i
+            if bool(mask.any()):
+                local = ids[mask] - int(self.offsets[i])
+                ops[shard.task].append(
+                    var_op("apply_sparse", shard.key, grads[mask], local, optimizer=opt_json)
+                )
+        return ops
+
+
+class _Lookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, handle: ShardedHandle, ids: torch.Tensor, pad):
+        flat = ids.reshape(-1).to(torch.long)
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        rows = handle.gather(unique)
+        ctx.handle, ctx.pad = handle, pad
+        ctx.save_for_backward(unique, inverse)
+        return rows[inverse].reshape(*ids.shape, *rows.shape[1:])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        unique, inverse = ctx.saved_tensors
+        flat = grad.reshape(inverse.numel(), -1)
+        summed = torch.zeros((unique.numel(), flat.shape[1]), dtype=grad.dtype)
+        summed.index_add_(0, inverse, flat)
+        if ctx.pad is not None:
+            summed[unique == ctx.pad] = 0
+        ctx.handle.pending.append((unique, summed))
+        return None, None, None, None
+
+
+class RemoteEmbedding(torch.nn.Module):
+    """A worker's view of an ``nn.Embedding`` whose table is sharded across ps tasks."""
+
+    def __init__(self, ref: ShardedParamRef, padding_idx: int | None) -> None:
+        super().__init__()
+        self.handle = worker_state().sharded(ref)
+        self.padding_idx = padding_idx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _Lookup.apply(self.handle.anchor, self.handle, ids, self.padding_idx)
+
+
+def _reduce_embedding(module: torch.nn.Embedding) -> Any:
+    ref = getattr(module.weight, "_sj_ref", None)
+    if not isinstance(ref, ShardedParamRef):
+        return NotImplemented
+    return (RemoteEmbedding, (ref, module.padding_idx))
+
+
+# ---------------------------------------------------------------------------------------------
+# optimizers
+
+_opt_counter = iter(range(1 << 62))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _reduce_optimizer(opt: torch.optim.Optimizer) -> Any:
+    params = [p for group in opt.param_groups for p in group["params"]]
+    if not any(getattr(p, "_sj_ref", None) is not None for p in params):
+        return NotImplemented
+    key = getattr(opt, "_sj_key", None)
+    if key is None:
+        key = opt._sj_key = f"opt{next(_opt_counter)}"
+    cls = type(opt)
+    groups = [
+        ({k: _plain(v) for k, v in group.items() if k != "params"}, list(group["params"]))
+        for group in opt.param_groups
+    ]
+    return (RemoteOptimizer, (key, f"{cls.__module__}:{cls.__qualname__}", groups))
+
+
+class RemoteOptimizer:
+    """A worker's view of an optimizer over ps-held parameters: ``step()`` ships gradients."""
+
+    def __init__(self, key: str, cls_path: str, groups: list[tuple[dict, list]]) -> None:
+        self._key = key
+        self._cls_path = cls_path
+        self.param_groups = [dict(hparams, params=params) for hparams, params in groups]
+
+    def _opt_json(self, group: dict) -> str:
+        hparams = {k: _plain(v) for k, v in group.items() if k != "params"}
+        return json.dumps({"key": self._key, "cls": self._cls_path, "hparams": hparams})
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        with torch._C.DisableTorchFunction():  # our own bookkeeping: skip ``PullOnUse``
+            self._zero_grad()
+
+    def _zero_grad(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if isinstance(p, ShardedHandle):
+                    p.pending.clear()
+                else:
+                    p.grad = None
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        with torch._C.DisableTorchFunction():  # our own bookkeeping: skip ``PullOnUse``
+            self._send_gradients()
+        return loss
+
+    def _send_gradients(self) -> None:
+        ops: dict[int, list[pb.VarOp]] = defaultdict(list)
+        for group in self.param_groups:
+            opt_json = self._opt_json(group)
+            for p in group["params"]:
+                if isinstance(p, ShardedHandle):
+                    for task, task_ops in p.sparse_ops(opt_json).items():
+                        ops[task].extend(task_ops)
+                elif p.grad is not None:
+                    ref = p._sj_ref
+                    ops[ref.task].append(var_op("apply_dense", ref.key, p.grad, optimizer=opt_json))
+        for task, task_ops in ops.items():
+            run_ps_ops(task, task_ops)
+
+
+_wire.register_reducer(torch.nn.Embedding, _reduce_embedding)
+_wire.register_reducer(torch.optim.Optimizer, _reduce_optimizer)
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker's side
+
+
+class WorkerState:
+    """Per-process cache of the parameters a worker has seen, and its resources."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.params: dict[str, torch.nn.Parameter] = {}
+        self.handles: dict[ShardedParamRef, ShardedHandle] = {}
+        self.resources: dict[int, Any] = {}
+        self.pending: dict[int, list[ParamRef]] = {}
+        self.pending_ids: set[int] = set()
+
+    def param(self, ref: ParamRef) -> torch.nn.Parameter:
+        with self.lock:
+            param = self.params.get(ref.key)
+            if param is None:
+                param = torch.nn.Parameter(
+                    torch.zeros(ref.shape, dtype=ref.dtype), requires_grad=ref.requires_grad
+                )
+                param._sj_ref = ref
+                self.params[ref.key] = param
+            return param
+
+    def sharded(self, ref: ShardedParamRef) -> ShardedHandle:
+        with self.lock:
+            handle = self.handles.get(ref)
+            if handle is None:
+                handle = self.handles[ref] = ShardedHandle(ref)
+            return handle
+
+    def loader(self, touched: list[ParamRef]) -> Any:
+        """A persistent-id loader that records the dense parameters it resolves."""
+
+        def load(pid: Any) -> Any:
+            kind = pid[0]
+            if kind == "param":
+                ref = pid[1]
+                if isinstance(ref, ShardedParamRef):
+                    return self.sharded(ref)
+                touched.append(ref)
+                return self.param(ref)
+            if kind == "resource":
+                try:
+                    return self.resources[pid[1]]
+                except KeyError:
+                    raise _MissingResource(pid[1]) from None
+            if kind == "value":
+                return pid[1]
+            raise ValueError(f"unknown persistent id {pid!r}")
+
+        return load
+
+    # -- fresh values for each closure ------------------------------------------------------
+    # A closure reads the current value of every dense parameter it uses. The reads are
+    # deferred: they ride along with the closure's first call to the parameter's ps (an
+    # embedding gather), or happen, one call per ps, when a torch operation first touches a
+    # parameter still pending (``PullOnUse``).
+
+    def begin(self, refs: list[ParamRef]) -> None:
+        pending: dict[int, list[ParamRef]] = defaultdict(list)
+        for ref in dict.fromkeys(refs):
+            pending[ref.task].append(ref)
+        self.pending = dict(pending)
+        self.pending_ids = {id(self.params[r.key]) for r in dict.fromkeys(refs)}
+
+    def take_pending(self, task: int) -> list[ParamRef]:
+        refs = self.pending.pop(task, [])
+        for ref in refs:
+            self.pending_ids.discard(id(self.params[ref.key]))
+        return refs
+
+    def store(self, refs: list[ParamRef], values: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for ref, value in zip(refs, values):
+                self.params[ref.key].copy_(value)
+
+    def flush(self) -> None:
+        for task in list(self.pending):
+            refs = self.take_pending(task)
+            self.store(refs, run_ps_ops(task, [var_op("read", r.key) for r in refs]))
+
+    def end(self) -> None:
+        self.pending, self.pending_ids = {}, set()
+
+
+def _touches(values: Any, ids: set[int]) -> bool:
+    for value in values:
+        if id(value) in ids:
+            return True
+        if isinstance(value, (list, tuple)) and any(id(v) in ids for v in value):
+            return True
+    return False
+
+
+def _metadata_functions() -> set[Any]:
+    """Torch functions that use a tensor's metadata (or ``.grad``), never its value."""
+    out: set[Any] = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel}
+    for name in ("grad", "requires_grad", "shape", "dtype", "device", "is_leaf", "ndim"):
+        descriptor = getattr(torch.Tensor, name)
+        for accessor in ("__get__", "__set__"):
+            if hasattr(descriptor, accessor):
+                out.add(getattr(descriptor, accessor))
+    return out
+
+
+_METADATA_FUNCTIONS = _metadata_functions()
+
+
+class PullOnUse(TorchFunctionMode):
+    """Reads the pending parameters before the first torch operation that uses one."""
+
+    def __init__(self, state: WorkerState) -> None:
+        super().__init__()
+        self._state = state
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        ids = self._state.pending_ids
+        if (
+            ids
+            and func not in _METADATA_FUNCTIONS
+            and (_touches(args, ids) or _touches(kwargs.values(), ids))
+        ):
+            self._state.flush()
+        return func(*args, **kwargs)
+
+
+class _MissingResource(Exception):
+    def __init__(self, resource_id: int) -> None:
+        super().__init__(f"resource {resource_id} is not on this worker")
+        self.resource_id = resource_id
+
+
+_state: WorkerState | None = None
+_state_lock = threading.Lock()
+
+
+def worker_state() -> WorkerState:
+    global _state
+    with _state_lock:
+        if _state is None:
+            _state = WorkerState()
+        return _state

@@ -1,0 +1,418 @@
+"""``strategyjob.Server``: the gRPC server of a ps or worker task (``tf.distribute.Server``).
+
+A ps task holds variables and applies updates to them (the optimizer's rule runs here, rows
+only for sparse gradients). A worker task runs the closures the coordinator ships to it and
+holds its per-worker resources (datasets, iterators). Every task answers ``GetStatus`` with an
+incarnation id, so the coordinator can tell a restarted task from one that never went away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import threading
+import traceback
+import uuid
+from concurrent import futures
+from typing import Any
+
+import cloudpickle
+import grpc
+import torch
+
+from strategyjob import errors
+from strategyjob.cluster_resolver import ClusterSpec
+from strategyjob.cluster_resolver.multi_worker_util import normalize_cluster_spec
+from strategyjob.ps import _remote, _transport
+from strategyjob.ps import strategyjob_ps_pb2 as pb
+from strategyjob.ps._wire import CHANNEL_OPTIONS, dumps, from_proto, loads, to_proto
+
+__all__ = ["Server"]
+
+
+# ---------------------------------------------------------------------------------------------
+# parameter-server state
+
+
+class _Store:
+    """The variables of one ps task, each with its lock and its optimizers' state."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._vars: dict[str, torch.Tensor] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._optimizers: dict[tuple[str, str], torch.optim.Optimizer] = {}
+
+    def _get(self, key: str) -> tuple[torch.Tensor, threading.Lock]:
+        try:
+            return self._vars[key], self._locks[key]
+        except KeyError:
+            raise KeyError(f"Variable {key!r} is not on this parameter server") from None
+
+    def run(self, ops: Any) -> list[pb.Tensor]:
+        out = []
+        for op in ops:
+            result = self._run_one(op)
+            if result is not None:
+                out.append(to_proto(result))
+        return out
+
+    def _run_one(self, op: pb.VarOp) -> torch.Tensor | None:
+        kind = op.op
+        if kind == "create":
+            value = from_proto(op.value)
+            param = torch.nn.Parameter(value, requires_grad=value.is_floating_point())
+            with self._lock:
+                self._vars[op.name] = param
+                self._locks[op.name] = threading.Lock()
+                for k in [k for k in self._optimizers if k[1] == op.name]:
+                    del self._optimizers[k]
+            return None
+        if kind == "delete":
+            with self._lock:
+                self._vars.pop(op.name, None)
+                self._locks.pop(op.name, None)
+            return None
+        var, lock = self._get(op.name)
+        with lock, torch.no_grad():
+            if kind == "read":
+                return var.detach().clone()
+            if kind == "gather":
+                return var.detach().index_select(0, from_proto(op.indices))
+            if kind in ("assign", "assign_add", "assign_sub"):
+                value = from_proto(op.value)
+                {"assign": var.copy_, "assign_add": var.add_, "assign_sub": var.sub_}[kind](value)
+            elif kind.startswith("scatter_"):
+                self._scatter(var, kind, from_proto(op.indices), from_proto(op.value))
+            elif kind == "apply_dense":
+                self._apply(op, var, from_proto(op.value), None)
+            elif kind == "apply_sparse":
+                self._apply(op, var, from_proto(op.value), from_proto(op.indices))
+            else:
+                raise ValueError(f"Unknown variable operation {kind!r}")
+            return var.detach().clone() if op.read_back else None
+
+    @staticmethod
+    def _scatter(var: torch.Tensor, kind: str, indices: torch.Tensor, updates: torch.Tensor):
+        if kind == "scatter_update":
+            var.index_copy_(0, indices, updates)
+        elif kind == "scatter_add":
+            var.index_add_(0, indices, updates)
+        elif kind == "scatter_sub":
+            var.index_add_(0, indices, -updates)
+        else:
+            reduce = {
+                "scatter_mul": "prod",
+                "scatter_div": "prod",
+                "scatter_min": "amin",
+                "scatter_max": "amax",
+            }[kind]
+            if kind == "scatter_div":
+                updates = 1 / updates
+            rows = indices.view(-1, *([1] * (updates.dim() - 1))).expand_as(updates)
+            var.scatter_reduce_(0, rows, updates, reduce, include_self=True)
+
+    def _optimizer(self, spec: dict, key: str, var: torch.Tensor) -> torch.optim.Optimizer:
+        opt = self._optimizers.get((spec["key"], key))
+        if opt is None:
+            module, _, qualname = spec["cls"].partition(":")
+            cls: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                cls = getattr(cls, part)
+            opt = cls([var], **spec["hparams"])
+            self._optimizers[(spec["key"], key)] = opt
+        else:
+            opt.param_groups[0].update(spec["hparams"])
+        return opt
+
+    def _apply(self, op: pb.VarOp, var: torch.Tensor, grad: torch.Tensor, rows: Any) -> None:
+        spec = json.loads(op.optimizer)
+        hp = spec["hparams"]
+        plain_sgd = (
+            spec["cls"] == "torch.optim.sgd:SGD"
+            and not hp.get("momentum")
+            and not hp.get("weight_decay")
+        )
+        if plain_sgd:
+            # SGD without momentum or weight decay is ``var -= lr * grad``: apply it directly
+            # (only the touched rows for a sparse gradient).
+            alpha = (1.0 if hp.get("maximize") else -1.0) * float(hp["lr"])
+            if rows is not None:
+                var.index_add_(0, rows, grad.to(var.dtype), alpha=alpha)
+            else:
+                var.add_(grad.to(var.dtype), alpha=alpha)
+            return
+        if rows is not None:
+            dense = torch.zeros_like(var)
+            dense.index_add_(0, rows, grad.to(var.dtype))
+            grad = dense
+        opt = self._optimizer(spec, op.name, var)
+        var.grad = grad.to(var.dtype)
+        with torch.enable_grad():
+            opt.step()
+        var.grad = None
+
+
+# ---------------------------------------------------------------------------------------------
+# worker state
+
+
+def _ps_task_of(exc: BaseException) -> str | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, errors.UnavailableError):
+            match = re.search(r"/job:ps/replica:0/task:\d+", str(exc))
+            if match:
+                return match.group(0)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _error_result(kind: str, exc: BaseException) -> pb.ClosureResult:
+    try:
+        blob = cloudpickle.dumps(exc)
+    except Exception:
+        blob = b""
+    message = f"{type(exc).__name__}: {exc}"
+    if kind == "user":
+        message += "\n" + "".join(traceback.format_exception(exc)[-6:])
+    return pb.ClosureResult(error_kind=kind, error_message=message, error=blob)
+
+
+class _WorkerService:
+    def __init__(self) -> None:
+        self._functions: dict[str, tuple[Any, list]] = {}
+        self._lock = threading.Lock()
+        self._run_lock = threading.Lock()  # closures run one at a time, in arrival order
+        self.task_index = 0
+
+    def _function(self, request: pb.Closure, state: _remote.WorkerState) -> Any:
+        with self._lock:
+            cached = self._functions.get(request.function_digest)
+        if cached is None and request.function:
+            touched: list = []
+            fn = loads(request.function, request.function_tensors, state.loader(touched))
+            cached = (fn, touched)
+            with self._lock:
+                self._functions[request.function_digest] = cached
+        return cached
+
+    def run_closure(self, request: pb.Closure, context: Any) -> pb.ClosureResult:
+        with self._run_lock:
+            return self._run_closure(request)
+
+    def _run_closure(self, request: pb.Closure) -> pb.ClosureResult:
+        state = _remote.worker_state()
+        try:
+            cached = self._function(request, state)
+            if cached is None:
+                return pb.ClosureResult(error_kind="missing_function")
+            fn, fn_refs = cached
+            touched: list = []
+            args, kwargs = loads(request.payload, request.tensors, state.loader(touched))
+            from strategyjob.ps import coordinator
+
+            state.begin(fn_refs + touched)
+            try:
+                with coordinator._worker_index_scope(self.task_index), _remote.PullOnUse(state):
+                    result = fn(*args, **kwargs)
+            finally:
+                state.end()
+            payload, tensors = dumps(result)
+            return pb.ClosureResult(payload=payload, tensors=tensors)
+        except _remote._MissingResource as exc:
+            return pb.ClosureResult(error_kind="missing_resource", error_message=str(exc))
+        except BaseException as exc:
+            ps_task = _ps_task_of(exc)
+            if ps_task is not None:
+                result = _error_result("ps_unavailable", exc)
+                result.ps_task = ps_task
+                return result
+            return _error_result("user", exc)
+
+    def create_resource(self, request: pb.Closure, context: Any) -> pb.ClosureResult:
+        with self._run_lock:
+            return self._create_resource(request)
+
+    def _create_resource(self, request: pb.Closure) -> pb.ClosureResult:
+        state = _remote.worker_state()
+        try:
+            creator = loads(request.payload, request.tensors, state.loader([]))
+            state.resources[request.resource_id] = creator()
+            return pb.ClosureResult()
+        except _remote._MissingResource as exc:
+            return pb.ClosureResult(error_kind="missing_resource", error_message=str(exc))
+        except BaseException as exc:
+            return _error_result("input", exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# the server
+
+
+class _TokenInterceptor(grpc.ServerInterceptor):
+    def __init__(self, token: str) -> None:
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        given = dict(details.invocation_metadata or ()).get(_transport.TOKEN_METADATA, "")
+        if hashlib.sha256(given.encode()).digest() == self._digest:
+            return continuation(details)
+
+        def deny(request: Any, context: Any) -> Any:
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"the call lacks this job's token: set {_transport.TOKEN_ENV} to the job's token "
+                "in the caller's environment",
+            )
+
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+def _handler(fn: Any, request_cls: Any, response_cls: Any) -> Any:
+    return grpc.unary_unary_rpc_method_handler(
+        fn,
+        request_deserializer=request_cls.FromString,
+        response_serializer=response_cls.SerializeToString,
+    )
+
+
+class Server:
+    """An in-process server for one task of the cluster (``tf.distribute.Server``).
+
+    ``Server(cluster_spec, job_name, task_index, start=True)`` listens on the port of its own
+    address in ``cluster_spec``; ``join()`` blocks until it stops. Calls must carry
+    ``STRATEGYJOB_TOKEN`` when that variable is set in the server's environment.
+    """
+
+    def __init__(
+        self,
+        server_or_cluster_def: Any,
+        job_name: str | None = None,
+        task_index: int | None = None,
+        protocol: str | None = None,
+        config: Any = None,
+        start: bool = True,
+    ) -> None:
+        cluster = normalize_cluster_spec(server_or_cluster_def)
+        if job_name is None:
+            jobs = cluster.jobs
+            if len(jobs) != 1:
+                raise ValueError(
+                    f"`job_name` must be given when the cluster has several jobs: {sorted(jobs)}"
+                )
+            job_name = jobs[0]
+        if task_index is None:
+            task_index = 0
+        if protocol not in (None, "grpc"):
+            raise ValueError(f"Unsupported protocol {protocol!r}: only 'grpc' is supported.")
+        self._cluster: ClusterSpec = cluster
+        self._job_name = job_name
+        self._task_index = int(task_index)
+        address = cluster.task_address(job_name, self._task_index)
+        self._address = address
+        port = address.rsplit(":", 1)[1]
+        _transport.configure(
+            {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[misc]
+        )
+        self._incarnation = uuid.uuid4().hex
+        self._store = _Store()
+        self._traffic = [0, 0, 0]
+        self._count_traffic = False
+        self._traffic_lock = threading.Lock()
+        self._worker = _WorkerService()
+        self._worker.task_index = self._task_index
+        token = os.environ.get(_transport.TOKEN_ENV)
+        interceptors = [_TokenInterceptor(token)] if token else []
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=16, thread_name_prefix=f"{job_name}{task_index}"
+            ),
+            options=CHANNEL_OPTIONS,
+            interceptors=interceptors,
+        )
+        status = _handler(self._status, pb.Ping, pb.Status)
+        self._server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "strategyjob.ps.ParameterServer",
+                    {"Run": _handler(self._run_ps, pb.VarOps, pb.VarResults), "GetStatus": status},
+                ),
+                grpc.method_handlers_generic_handler(
+                    "strategyjob.ps.Worker",
+                    {
+                        "RunClosure": _handler(
+                            self._worker.run_closure, pb.Closure, pb.ClosureResult
+                        ),
+                        "CreateResource": _handler(
+                            self._worker.create_resource, pb.Closure, pb.ClosureResult
+                        ),
+                        "GetStatus": status,
+                    },
+                ),
+            )
+        )
+        if self._server.add_insecure_port(f"[::]:{port}") == 0:
+            raise RuntimeError(
+                f"Cannot listen on port {port} for /job:{job_name}/task:{task_index} "
+                f"({address}): is another process using it?"
+            )
+        self._started = False
+        if start:
+            self.start()
+
+    @property
+    def target(self) -> str:
+        """``grpc://host:port`` of this server."""
+        return f"grpc://{self._address}"
+
+    @property
+    def server_def(self) -> dict[str, Any]:
+        return {
+            "cluster": self._cluster.as_dict(),
+            "job_name": self._job_name,
+            "task_index": self._task_index,
+            "protocol": "grpc",
+        }
+
+    def start(self) -> None:
+        if not self._started:
+            self._server.start()
+            self._started = True
+
+    def join(self) -> None:
+        """Block until the server stops."""
+        self._server.wait_for_termination()
+
+    def stop(self, grace: float | None = None) -> None:
+        self._server.stop(grace).wait()
+
+    def _status(self, request: pb.Ping, context: Any) -> pb.Status:
+        return pb.Status(
+            job_name=self._job_name, task_index=self._task_index, incarnation=self._incarnation
+        )
+
+    def _run_ps(self, request: pb.VarOps, context: Any) -> pb.VarResults:
+        if len(request.ops) == 1 and request.ops[0].op == "traffic":
+            # Bytes received/sent and calls served since the previous "traffic" call (for
+            # benchmarks; counting starts with the first one), then reset.
+            self._count_traffic = True
+            with self._traffic_lock:
+                counts, self._traffic = self._traffic, [0, 0, 0]
+            return pb.VarResults(values=[to_proto(torch.tensor(counts, dtype=torch.int64))])
+        try:
+            reply = pb.VarResults(values=self._store.run(request.ops))
+            if self._count_traffic:
+                with self._traffic_lock:
+                    self._traffic[0] += request.ByteSize()
+                    self._traffic[1] += reply.ByteSize()
+                    self._traffic[2] += 1
+            return reply
+        except KeyError as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+        except (ValueError, RuntimeError, TypeError, IndexError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")

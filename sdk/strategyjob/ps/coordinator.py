@@ -1,0 +1,691 @@
+"""``strategyjob.experimental.coordinator``: ClusterCoordinator, RemoteValue, PerWorkerValues.
+
+The coordinator (the chief's program) schedules functions onto the workers: one thread per
+worker takes closures from a shared FIFO queue, ships each to its worker by value and records
+the result in the closure's ``RemoteValue``. Failures follow TensorFlow's rules: a worker that
+dies has its closure put back and is reconnected (its per-worker resources rebuilt) when it
+returns; a ps that stays down and a user function's error surface on the next ``schedule`` /
+``join`` / ``done``, once, after which scheduling works again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import enum
+import hashlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+import grpc
+import torch
+
+from strategyjob import _nest, errors
+from strategyjob.ps import _remote, _transport
+from strategyjob.ps import strategyjob_ps_pb2 as pb
+from strategyjob.ps._wire import dumps, loads
+
+__all__ = [
+    "ClosureInputError",
+    "ClusterCoordinator",
+    "PerWorkerValues",
+    "RemoteValue",
+    "RemoteValueStatus",
+    "get_current_worker_index",
+]
+
+log = logging.getLogger(__name__)
+
+CANCELLED_MESSAGE = "The corresponding function is cancelled. Please reschedule the function."
+ABORTED_MESSAGE = "The corresponding function is aborted. Please reschedule the function."
+QUEUE_LIMIT = 256 * 1024
+# How long a worker thread waits for its worker to come back before giving up on it.
+RECONNECT_TIMEOUT_S = 3600.0
+
+
+class ClosureInputError(errors.OpError):
+    """A scheduled function's per-worker input (a dataset or iterator) failed."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(
+            f"Input has an error, the original exception is {original!r}, error message is "
+            f"{original}."
+        )
+        self.original_exception = original
+
+
+# ---------------------------------------------------------------------------------------------
+# values
+
+
+class RemoteValueStatus(enum.Enum):
+    NOT_READY = "NOT_READY"
+    ABORTED = "ABORTED"
+    READY = "READY"
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return value
+
+
+class RemoteValue:
+    """The future result of a scheduled function (``tf.distribute``'s ``RemoteValue``)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._status = RemoteValueStatus.NOT_READY
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def _set_value(self, value: Any) -> None:
+        self._value, self._error = value, None
+        self._status = RemoteValueStatus.READY
+        self._event.set()
+
+    def _set_error(self, error: BaseException) -> None:
+        self._error = error
+        self._status = RemoteValueStatus.READY
+        self._event.set()
+
+    def _reset(self) -> None:
+        self._event.clear()
+        self._status = RemoteValueStatus.NOT_READY
+
+    def _wait(self) -> Any:
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def fetch(self) -> Any:
+        """Wait for the result and return it with numpy arrays in place of tensors."""
+        return _nest.map_structure(_to_numpy, self._wait())
+
+    def get(self) -> Any:
+        """Wait for the result and return it as tensors on the coordinator."""
+        return self._wait()
+
+    def _status_name(self) -> str:
+        return self._status.value
+
+
+class PerWorkerValues:
+    """One value per worker; a scheduled function receives its worker's component."""
+
+    def __init__(self, values: Any) -> None:
+        self._values = tuple(values)
+
+    @property
+    def values(self) -> tuple:
+        return self._values
+
+    def __repr__(self) -> str:
+        return f"PerWorkerValues({self._values!r})"
+
+
+# ---------------------------------------------------------------------------------------------
+# resources (per-worker datasets and iterators)
+
+
+class _ResourceRef:
+    """Ships as a reference to the object a worker built for resource ``id``."""
+
+    def __init__(self, resource_id: int) -> None:
+        self.resource_id = resource_id
+
+
+def _shipping_hook(obj: Any) -> Any:
+    """Persistent ids for what a function may close over: resources and ps parameters."""
+    if isinstance(obj, _ResourceRef):
+        return ("resource", obj.resource_id)
+    return _remote.coordinator_hook(obj)
+
+
+class _Resource:
+    def __init__(self, resource_id: int, creator: Callable[[], Any]) -> None:
+        self.id = resource_id
+        self.payload, self.tensors = dumps(creator, _shipping_hook)
+
+
+class _PerWorkerResource(PerWorkerValues):
+    def __init__(self, coordinator: ClusterCoordinator, creator: Callable[[], Any]) -> None:
+        self._coordinator = coordinator
+        resource = coordinator._add_resource(creator)
+        super().__init__(_ResourceRef(resource.id) for _ in range(coordinator._num_workers))
+        self._resource_id = resource.id
+
+
+def _make_iterator(dataset: Any) -> Iterator[Any]:
+    return iter(dataset)
+
+
+class PerWorkerDistributedIterator(_PerWorkerResource):
+    """Per-worker iterators: pass it to scheduled functions, which call ``next`` on it."""
+
+    def __next__(self) -> Any:
+        raise NotImplementedError(
+            "Iterating over an `AsyncDistributedIterator` is not supported right now."
+        )
+
+    def get_next(self) -> Any:
+        return self.__next__()
+
+
+class PerWorkerDataset(_PerWorkerResource):
+    """A dataset built on every worker by ``create_per_worker_dataset``."""
+
+    def __iter__(self) -> PerWorkerDistributedIterator:
+        ref = _ResourceRef(self._resource_id)
+        return PerWorkerDistributedIterator(self._coordinator, lambda: _make_iterator(ref))
+
+
+# ---------------------------------------------------------------------------------------------
+# closures and the queue
+
+
+class _Closure:
+    def __init__(self, function: _ShippedFunction, args: tuple, kwargs: dict) -> None:
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self.output = RemoteValue()
+        self.ps_failures: collections.Counter[str] = collections.Counter()
+
+    def payload(self, worker_index: int) -> tuple[bytes, list]:
+        def hook(obj: Any) -> Any:
+            if isinstance(obj, PerWorkerValues):
+                component = obj.values[worker_index]
+                if isinstance(component, _ResourceRef):
+                    return ("resource", component.resource_id)
+                if isinstance(component, RemoteValue):
+                    return ("value", component.get())
+                return ("value", component)
+            return _shipping_hook(obj)
+
+        return dumps((self.args, self.kwargs), hook)
+
+
+class _ShippedFunction:
+    """A function pickled once (by value), with a digest workers cache it under."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.payload, self.tensors = dumps(fn, _shipping_hook)
+        digest = hashlib.sha256(self.payload)
+        for t in self.tensors:
+            digest.update(t.SerializeToString())
+        self.digest = digest.hexdigest()
+
+
+class _ClosureQueue:
+    """FIFO of closures with TensorFlow's error semantics (first error wins, then cancel)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Closure] = collections.deque()
+        self._inflight = 0
+        self._error: BaseException | None = None
+        self._stopped = False
+
+    def put(self, closure: _Closure) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._queue) < QUEUE_LIMIT or self._stopped)
+            self._queue.append(closure)
+            self._cond.notify_all()
+
+    def get(self, timeout: float | None = None) -> _Closure | None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._queue or self._stopped, timeout):
+                return None
+            if self._stopped:
+                return None
+            closure = self._queue.popleft()
+            self._inflight += 1
+            self._cond.notify_all()
+            return closure
+
+    def mark_finished(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            self._cond.notify_all()
+
+    def put_back(self, closure: _Closure) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if self._error is not None:
+                closure.output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+            else:
+                self._queue.appendleft(closure)
+            self._cond.notify_all()
+
+    def mark_failed(self, error: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._inflight -= 1
+            while self._queue:
+                self._queue.popleft().output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+            self._cond.notify_all()
+
+    def record_error(self, error: BaseException) -> None:
+        """A failure outside any closure (e.g. a worker refusing our token)."""
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            while self._queue:
+                self._queue.popleft().output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+            self._cond.notify_all()
+
+    def raise_if_error(self) -> None:
+        """Raise the recorded error once (after in-flight closures finish), then clear it."""
+        with self._cond:
+            if self._error is None:
+                return
+            self._cond.wait_for(lambda: self._inflight == 0)
+            while self._queue:
+                self._queue.popleft().output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+            error, self._error = self._error, None
+        raise error
+
+    def wait(self) -> None:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._error is not None or (not self._queue and self._inflight == 0)
+            )
+        self.raise_if_error()
+
+    def done(self) -> bool:
+        self.raise_if_error()
+        with self._cond:
+            return not self._queue and self._inflight == 0
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# workers
+
+_worker_index = threading.local()
+
+
+@contextlib.contextmanager
+def _worker_index_scope(index: int) -> Iterator[None]:
+    previous = getattr(_worker_index, "value", None)
+    _worker_index.value = index
+    try:
+        yield
+    finally:
+        _worker_index.value = previous
+
+
+def get_current_worker_index() -> int:
+    """Inside a scheduled function: the index of the worker running it (shard data with it)."""
+    index = getattr(_worker_index, "value", None)
+    if index is None:
+        raise RuntimeError("Cannot retrieve the worker index outside of a scheduled function.")
+    return index
+
+
+class _WorkerFailure(Exception):
+    pass
+
+
+class _Worker:
+    """The coordinator's side of one worker: a thread that runs closures on it."""
+
+    def __init__(self, coordinator: ClusterCoordinator, index: int, address: str) -> None:
+        self._coordinator_ref = weakref.ref(coordinator)
+        self.index = index
+        self.address = address
+        self._queue = coordinator._queue
+        self._incarnation: str | None = None
+        self.traffic = [0, 0]  # bytes sent to / received from the worker (benchmarks)
+        self._sent: set[str] = set()
+        self._resources_built: set[int] = set()
+        self._run = _transport.unary(
+            address, "/strategyjob.ps.Worker/RunClosure", pb.Closure, pb.ClosureResult
+        )
+        self._create = _transport.unary(
+            address, "/strategyjob.ps.Worker/CreateResource", pb.Closure, pb.ClosureResult
+        )
+        self._status = _transport.unary(
+            address, "/strategyjob.ps.Worker/GetStatus", pb.Ping, pb.Status
+        )
+        self._stop = threading.Event()
+        self._setup_lock = threading.Lock()  # connection and resources: one thread at a time
+        self._down = threading.Event()  # set until connected, and again after a failure
+        self._down.set()
+        # One closure at a time per worker, as in TensorFlow. More in flight (the next one is
+        # already on the worker when the current one ends; the worker still runs them one at a
+        # time, in arrival order, which may then differ from the queue's) is a tuning knob.
+        in_flight = max(1, int(os.environ.get("STRATEGYJOB_CLOSURES_IN_FLIGHT_PER_WORKER", "1")))
+        self._threads = [
+            threading.Thread(
+                target=self._loop,
+                name=f"WorkerClosureProcessingLoop-{index}" + (f".{k}" if k else ""),
+                daemon=True,
+            )
+            for k in range(in_flight)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def name(self) -> str:
+        return f"/job:worker/replica:0/task:{self.index}"
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- connection ----------------------------------------------------------------------
+    def _connect(self, deadline: float) -> None:
+        """Wait until the worker answers; a new incarnation gets its resources rebuilt."""
+        while not self._stop.is_set():
+            try:
+                status = self._status(
+                    pb.Ping(), metadata=_transport.metadata(), wait_for_ready=True, timeout=1.0
+                )
+            except grpc.RpcError as exc:
+                if exc.code() in (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                ):
+                    _transport.raise_for_rpc_error(exc, self.name)
+                if time.monotonic() > deadline:
+                    raise errors.UnavailableError(
+                        f"Worker {self.name} did not come back."
+                    ) from None
+                continue
+            if status.incarnation != self._incarnation:
+                if self._incarnation is not None:
+                    log.warning("Worker %s restarted; rebuilding its resources.", self.name)
+                self._incarnation = status.incarnation
+                self._sent.clear()
+                self._resources_built.clear()
+            return
+
+    def _ensure_resources(self) -> None:
+        coordinator = self._coordinator_ref()
+        for resource in coordinator._resources_snapshot() if coordinator else ():
+            if resource.id in self._resources_built:
+                continue
+            reply = self._call(
+                self._create,
+                pb.Closure(
+                    payload=resource.payload, tensors=resource.tensors, resource_id=resource.id
+                ),
+            )
+            if reply.error_kind:
+                raise ClosureInputError(_remote_error(reply))
+            self._resources_built.add(resource.id)
+
+    def _call(self, stub: Any, request: pb.Closure) -> pb.ClosureResult:
+        try:
+            reply = stub(request, metadata=_transport.metadata())
+            self.traffic[0] += request.ByteSize()
+            self.traffic[1] += reply.ByteSize()
+            return reply
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                _transport.raise_for_rpc_error(exc, self.name)
+            raise _WorkerFailure(f"{exc.code().name}: {exc.details()}") from None
+
+    # -- the loop ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        # TF's staggered start: worker i waits i x DELAY seconds (capped by DELAY_MAX, if set).
+        delay = float(os.environ.get("TF_COORDINATOR_SCHEDULE_START_DELAY", "0")) * self.index
+        cap = float(os.environ.get("TF_COORDINATOR_SCHEDULE_START_DELAY_MAX", "0"))
+        if delay:
+            self._stop.wait(min(delay, cap) if cap else delay)
+        while not self._stop.is_set():
+            if self._down.is_set():
+                # Take no closure while the worker is unreachable: the others run them.
+                self._wait_for_return()
+                continue
+            closure = self._queue.get(timeout=0.5)
+            if closure is None:
+                continue
+            try:
+                self._process(closure)
+            except BaseException as exc:
+                closure.output._set_error(exc)
+                self._queue.mark_failed(exc)
+
+    def _process(self, closure: _Closure) -> None:
+        if self._down.is_set():
+            self._queue.put_back(closure)
+            return
+        try:
+            with self._setup_lock:
+                try:
+                    self._ensure_resources()
+                except ClosureInputError as exc:
+                    closure.output._set_error(exc)
+                    self._queue.mark_failed(exc)
+                    return
+            reply = self._execute(closure)
+        except _WorkerFailure as exc:
+            if not self._down.is_set():
+                log.warning("Worker %s failed (%s); its closures are rescheduled.", self.name, exc)
+            self._down.set()
+            self._queue.put_back(closure)
+            return
+        kind = reply.error_kind
+        if not kind:
+            payload = loads(reply.payload, reply.tensors)
+            closure.output._set_value(payload)
+            self._queue.mark_finished()
+        elif kind == "missing_resource":
+            self._resources_built.clear()
+            self._queue.put_back(closure)
+        elif kind == "ps_unavailable":
+            closure.ps_failures[reply.ps_task] += 1
+            limit = int(os.environ.get("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "3"))
+            if closure.ps_failures[reply.ps_task] <= limit:
+                self._queue.put_back(closure)
+            else:
+                error = errors.UnavailableError(
+                    f"Parameter server {reply.ps_task} is unavailable: {reply.error_message} "
+                    "Restart the coordinator, recreate the variables and restore a checkpoint."
+                )
+                closure.output._set_error(error)
+                self._queue.mark_failed(error)
+        else:
+            error = _remote_error(reply)
+            if kind == "input":
+                error = ClosureInputError(error)
+            closure.output._set_error(error)
+            self._queue.mark_failed(error)
+
+    def _execute(self, closure: _Closure) -> pb.ClosureResult:
+        function = closure.function
+        payload, tensors = closure.payload(self.index)
+        request = pb.Closure(payload=payload, tensors=tensors, function_digest=function.digest)
+        for _ in range(2):
+            if function.digest not in self._sent:
+                request.function = function.payload
+                del request.function_tensors[:]
+                request.function_tensors.extend(function.tensors)
+            reply = self._call(self._run, request)
+            if reply.error_kind != "missing_function":
+                self._sent.add(function.digest)
+                return reply
+            self._sent.discard(function.digest)
+        raise _WorkerFailure("the worker lost the function twice")
+
+    def _wait_for_return(self) -> None:
+        """Reconnect (rebuilding resources of a restarted worker) and mark the worker up."""
+        try:
+            with self._setup_lock:
+                if self._down.is_set():
+                    self._connect(time.monotonic() + RECONNECT_TIMEOUT_S)
+                    self._down.clear()
+        except errors.UnavailableError:
+            log.error("Worker %s did not come back within %s s.", self.name, RECONNECT_TIMEOUT_S)
+            self._stop.set()
+        except _transport.PermissionDeniedError as exc:
+            self._queue.record_error(exc)  # raised by the next schedule/join/done
+            self._stop.set()
+
+
+def _remote_error(reply: pb.ClosureResult) -> BaseException:
+    if reply.error:
+        try:
+            error = cloudpickle.loads(reply.error)
+            if isinstance(error, BaseException):
+                return error
+        except Exception:
+            pass
+    return errors.OpError(reply.error_message)
+
+
+# ---------------------------------------------------------------------------------------------
+# the coordinator
+
+
+class ClusterCoordinator:
+    """Schedules functions onto the workers of a ``ParameterServerStrategy``.
+
+    One coordinator per strategy: constructing a second returns the first.
+    """
+
+    def __new__(cls, strategy: Any) -> ClusterCoordinator:
+        from strategyjob.strategies.parameter_server import ParameterServerStrategy
+
+        if not isinstance(strategy, ParameterServerStrategy):
+            raise ValueError(
+                "Only `tf.distribute.experimental.ParameterServerStrategy` is supported to work "
+                "with `tf.distribute.experimental.coordinator.ClusterCoordinator` currently."
+            )
+        existing = getattr(strategy, "_cluster_coordinator", None)
+        if existing is not None:
+            return existing
+        coordinator = super().__new__(cls)
+        coordinator._init(strategy)
+        strategy._cluster_coordinator = coordinator
+        _live.add(coordinator)
+        return coordinator
+
+    def _init(self, strategy: Any) -> None:
+        self._strategy = strategy
+        self._queue = _ClosureQueue()
+        self._functions: dict[int, tuple[Any, _ShippedFunction]] = {}
+        self._resources: list[_Resource] = []
+        self._resources_lock = threading.Lock()
+        addresses = strategy.extended._worker_addresses
+        self._num_workers = len(addresses)
+        self._workers = [_Worker(self, i, addr) for i, addr in enumerate(addresses)]
+
+    def __init__(self, strategy: Any) -> None:  # state is set once, in __new__
+        pass
+
+    @property
+    def strategy(self) -> Any:
+        return self._strategy
+
+    def _add_resource(self, creator: Callable[[], Any]) -> _Resource:
+        with self._resources_lock:
+            resource = _Resource(len(self._resources), creator)
+            self._resources.append(resource)
+            return resource
+
+    def _resources_snapshot(self) -> list[_Resource]:
+        with self._resources_lock:
+            return list(self._resources)
+
+    def _shipped(self, fn: Callable[..., Any]) -> _ShippedFunction:
+        entry = self._functions.get(id(fn))
+        if entry is None or entry[0] is not fn:
+            entry = (fn, _ShippedFunction(fn))
+            self._functions[id(fn)] = entry
+        return entry[1]
+
+    def schedule(
+        self, fn: Callable[..., Any], args: Any = None, kwargs: dict[str, Any] | None = None
+    ) -> RemoteValue:
+        """Queue ``fn(*args, **kwargs)`` to run (at least once) on some worker."""
+        if not callable(fn):
+            raise TypeError(
+                "`tf.distribute.experimental.coordinator.ClusterCoordinator.schedule` only "
+                "accepts a `tf.function` or a concrete function."
+            )
+        args = tuple(args or ())
+        kwargs = dict(kwargs or {})
+        for leaf in _nest.flatten((args, kwargs)):
+            if isinstance(leaf, RemoteValue):
+                raise ValueError(
+                    "`tf.distribute.experimental.coordinator.RemoteValue` used as an input to "
+                    "scheduled function is not yet supported."
+                )
+        self._queue.raise_if_error()
+        self._strategy.extended._flush_parameters()
+        closure = _Closure(self._shipped(fn), args, kwargs)
+        self._queue.put(closure)
+        return closure.output
+
+    def join(self) -> None:
+        """Block until every scheduled function has finished; raise the first error."""
+        self._queue.wait()
+
+    def done(self) -> bool:
+        """Whether every scheduled function has finished (raises the first error)."""
+        return self._queue.done()
+
+    def fetch(self, val: Any) -> Any:
+        """``val`` with every ``RemoteValue`` replaced by its fetched result."""
+        return _nest.map_structure(lambda v: v.fetch() if isinstance(v, RemoteValue) else v, val)
+
+    def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
+        """Build ``dataset_fn()`` (or the given dataset) on every worker; iterate it with
+        ``iter()`` and pass the iterator to scheduled functions."""
+        if hasattr(dataset_fn, "_creator"):  # from experimental_distribute_dataset & co.
+            creator = dataset_fn._creator
+        elif callable(dataset_fn) and not hasattr(dataset_fn, "__iter__"):
+            creator = dataset_fn
+        else:
+            dataset = dataset_fn
+
+            def creator() -> Any:
+                return dataset
+
+        self._strategy.extended._flush_parameters()
+        return PerWorkerDataset(self, creator)
+
+    def _create_per_worker_resources(self, fn: Callable[[], Any]) -> PerWorkerValues:
+        return _PerWorkerResource(self, fn)
+
+    def _shutdown(self) -> None:
+        """Stop the worker threads (at exit, or when the coordinator is collected)."""
+        for worker in getattr(self, "_workers", ()):
+            worker.stop()
+        queue = getattr(self, "_queue", None)
+        if queue is not None:
+            queue.stop()
+        for worker in getattr(self, "_workers", ()):
+            for thread in worker._threads:
+                if thread is not threading.current_thread():
+                    thread.join(timeout=2.0)
+
+    def __del__(self) -> None:
+        self._shutdown()
+
+
+_live: weakref.WeakSet[ClusterCoordinator] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for coordinator in list(_live):
+        coordinator._shutdown()
+    _transport.close_channels()

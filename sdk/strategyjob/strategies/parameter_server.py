@@ -1,0 +1,355 @@
+"""``ParameterServerStrategy``: variables on ps tasks, steps scheduled onto workers.
+
+Mirrors ``tf.distribute.experimental.ParameterServerStrategy`` (TF2). The chief's program
+builds the strategy from a cluster resolver and a ``ClusterCoordinator``; worker and ps tasks
+run ``python -m strategyjob.server``. Variables (and module parameters) created in ``scope()``
+are placed round robin across the ps tasks, a partitioner splitting big ones into shards
+(a ``ShardedVariable``; for modules, the table of an ``nn.Embedding``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.nn.modules import module as _module
+
+from strategyjob import _context, _variables
+from strategyjob._devices import LogicalDevice
+from strategyjob.cluster_resolver.multi_worker_util import validate_cluster_spec
+from strategyjob.ps import _remote, _transport
+from strategyjob.ps.partitioners import div_partition, num_partitions
+from strategyjob.ps.sharded_variable import ShardedVariable
+from strategyjob.strategies.base import Strategy, StrategyExtended, _SingleReplicaExtendedMixin
+
+__all__ = ["ParameterServerStrategy", "ParameterServerStrategyExtended"]
+
+log = logging.getLogger(__name__)
+
+NO_COORDINATOR_WARNING = (
+    "A `tf.distribute.experimental.ParameterServerStrategy` method is invoked without using "
+    "`ClusterCoordinator.schedule`. If you are not tracing a tf.function, this method is "
+    "possibly executed on the coordinator, which can be slow. To properly dispatch functions "
+    "to run on workers, methods like `run` or `reduce` should be used within a function "
+    "passed to `tf.distribute.experimental.coordinator.ClusterCoordinator.schedule`."
+)
+DATASET_MESSAGE = (
+    "To use this dataset, you need to pass this dataset to "
+    "ClusterCoordinator.create_per_worker_dataset."
+)
+
+# Which module owns the parameter being registered (set by our registration hook, which runs
+# before grad_sync's, so `_register_parameter` can shard only embedding tables).
+_owner = threading.local()
+
+
+def _record_owner(module: torch.nn.Module, name: str, param: Any) -> None:
+    _owner.value = (id(param), module) if param is not None else None
+
+
+_owner_hook = _module.register_module_parameter_registration_hook(_record_owner)
+
+
+def _hook_first() -> None:
+    hooks = _module._global_parameter_registration_hooks
+    if _owner_hook.id in hooks:
+        hooks.move_to_end(_owner_hook.id, last=False)
+
+
+class _PSDataset:
+    """What ``experimental_distribute_dataset`` returns: usable only through the coordinator."""
+
+    def __init__(self, creator: Callable[[], Any]) -> None:
+        self._creator = creator
+
+    def __iter__(self) -> Any:
+        raise ValueError(DATASET_MESSAGE)
+
+
+class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExtended):
+    """Placement, partitioning and the hooks of the parameter-server strategy."""
+
+    def __init__(
+        self, container_strategy: Strategy, cluster_resolver: Any, variable_partitioner: Any
+    ) -> None:
+        super().__init__(container_strategy)
+        self._cluster_resolver = cluster_resolver
+        self._variable_partitioner = variable_partitioner
+        self._worker_addresses: list[str] = []
+        self._num_ps = 0
+        self._counter = 0
+        self._lock = threading.Lock()
+        self._colocate_with: Any = None
+        self._pending: list[tuple[torch.nn.Parameter, Any]] = []
+        self._uid = uuid.uuid4().hex[:8]
+        self._names: defaultdict[str, int] = defaultdict(int)
+        self._logical_devices = (LogicalDevice("cpu", 0),)
+        if cluster_resolver is not None:
+            self._connect(cluster_resolver)
+
+    def _connect(self, resolver: Any) -> None:
+        cluster = resolver.cluster_spec()
+        if not cluster.jobs:
+            raise ValueError(
+                "Cluster spec must be non-empty in "
+                "`tf.distribute.cluster_resolver.ClusterResolver`."
+            )
+        validate_cluster_spec(cluster, resolver.task_type, resolver.task_id)
+        if "ps" not in cluster.jobs or cluster.num_tasks("ps") == 0:
+            raise ValueError("There must be at least one ps.")
+        if "worker" not in cluster.jobs or cluster.num_tasks("worker") == 0:
+            raise ValueError("There must be at least one worker.")
+        self._num_ps = cluster.num_tasks("ps")
+        self._worker_addresses = list(cluster.job_tasks("worker"))
+        _transport.configure({job: list(cluster.job_tasks(job)) for job in cluster.jobs})
+
+    # --- placement ------------------------------------------------------------------------
+    def _next_task(self) -> int:
+        with self._lock:
+            task = self._counter % self._num_ps
+            self._counter += 1
+            return task
+
+    def _key(self, base: str) -> str:
+        with self._lock:
+            self._names[base] += 1
+            return f"{self._uid}/{base}/{self._names[base]}"
+
+    def _shard_count(self, shape: torch.Size, dtype: torch.dtype) -> int:
+        if self._variable_partitioner is None or len(shape) == 0:
+            return 1
+        return num_partitions(self._variable_partitioner, shape, dtype)
+
+    def _create_variable(
+        self,
+        initial_value: Any,
+        *,
+        trainable: bool | None = None,
+        name: str | None = None,
+        synchronization: Any = None,
+        aggregation: Any = None,
+    ) -> Any:
+        base = _variables._base_name(name)
+        sync, agg, trainable = _variables._validate_enums(
+            synchronization
+            if synchronization is not None
+            else _variables.VariableSynchronization.AUTO,
+            aggregation if aggregation is not None else _variables.VariableAggregation.NONE,
+            trainable,
+            base,
+        )
+        if initial_value is None:
+            raise ValueError(
+                "It looks like you are trying to create a variable without specifying "
+                "`initial_value`. Pass it, e.g. `strategyjob.Variable(torch.zeros(3))`."
+            )
+        tensor = _variables._initial_tensor(initial_value, None)
+        common = dict(trainable=trainable, synchronization=sync, aggregation=agg)
+        strategy = self._container_strategy()
+        colocate = self._colocate_with
+        if colocate is not None:
+            task = colocate._task if hasattr(colocate, "_task") else colocate.variables[0]._task
+            return self._make(tensor, task, f"{base}:0", base, strategy, common)
+        n = self._shard_count(tensor.shape, tensor.dtype)
+        if n <= 1:
+            return self._make(tensor, self._next_task(), f"{base}:0", base, strategy, common)
+        shards = [
+            self._make(
+                tensor[offset : offset + size],
+                self._next_task(),
+                f"{base}/part_{i}:0",
+                f"{base}/part_{i}",
+                strategy,
+                common,
+            )
+            for i, (offset, size) in enumerate(div_partition(tensor.shape[0], n))
+        ]
+        sharded = ShardedVariable(shards, name=base)
+        sharded._distribute_strategy = strategy
+        return sharded
+
+    def _make(self, tensor, task, name, base, strategy, common) -> _remote.PSVariable:
+        key = self._key(base)
+        _transport.run_ps_ops(task, [_remote.var_op("create", key, tensor)], wait=True)
+        return _remote.PSVariable._handle(
+            key=key,
+            task=task,
+            shape=tensor.shape,
+            dtype=tensor.dtype,
+            name=name,
+            strategy=strategy,
+            **common,
+        )
+
+    @contextlib.contextmanager
+    def colocate_vars_with(self, colocate_with_variable: Any) -> Iterator[None]:
+        """Variables created in this context live on the ps of ``colocate_with_variable``
+        and are never partitioned."""
+        previous, self._colocate_with = self._colocate_with, colocate_with_variable
+        try:
+            yield
+        finally:
+            self._colocate_with = previous
+
+    def variable_created_in_scope(self, v: Any) -> bool:
+        return getattr(v, "_distribute_strategy", None) is self._container_strategy()
+
+    # --- module parameters ---------------------------------------------------------------
+    def _enter_scope(self) -> None:
+        super()._enter_scope()
+        _hook_first()
+
+    def _exit_scope(self) -> None:
+        self._flush_parameters()
+
+    def _register_parameter(self, param: torch.nn.Parameter) -> None:
+        """Place a module parameter created in scope on the ps (its value is sent when the
+        scope exits, after the module's own initialisation)."""
+        if getattr(param, "_sj_ref", None) is not None:
+            return None
+        owner = getattr(_owner, "value", None)
+        module = owner[1] if owner is not None and owner[0] == id(param) else None
+        shape, dtype = param.shape, param.dtype
+        base = f"{type(module).__name__ if module is not None else 'param'}"
+        n = self._shard_count(shape, dtype) if isinstance(module, torch.nn.Embedding) else 1
+        refs = []
+        for _offset, size in div_partition(shape[0], n) if n > 1 else [(0, None)]:
+            part_shape = tuple(shape) if size is None else (size, *shape[1:])
+            refs.append(
+                _remote.ParamRef(
+                    key=self._key(base),
+                    task=self._next_task(),
+                    shape=part_shape,
+                    dtype=dtype,
+                    requires_grad=param.requires_grad,
+                )
+            )
+        param._sj_ref = refs[0] if n <= 1 else _remote.ShardedParamRef(tuple(refs))
+        with self._lock:
+            self._pending.append((param, param._sj_ref))
+        return None
+
+    def _flush_parameters(self) -> None:
+        """Send the values of module parameters registered since the last flush to the ps."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        ops: defaultdict[int, list] = defaultdict(list)
+        for param, ref in pending:
+            value = param.detach()
+            shards = ref.shards if isinstance(ref, _remote.ShardedParamRef) else (ref,)
+            offset = 0
+            for shard in shards:
+                part = value[offset : offset + shard.shape[0]] if len(shards) > 1 else value
+                offset += shard.shape[0] if shard.shape else 0
+                ops[shard.task].append(_remote.var_op("create", shard.key, part))
+        for task, task_ops in ops.items():
+            _transport.run_ps_ops(task, task_ops, wait=True)
+
+    def _parameter_device(self, param: torch.nn.Parameter) -> str | list[str]:
+        ref = param._sj_ref
+        if isinstance(ref, _remote.ShardedParamRef):
+            return [s.device for s in ref.shards]
+        return ref.device
+
+    def _pull_parameters(self, params: Any) -> None:
+        """Copy the ps values of ``params`` (module parameters created in scope) into the
+        coordinator's tensors, e.g. to evaluate or save the model after training."""
+        self._flush_parameters()
+        for param in params:
+            ref = getattr(param, "_sj_ref", None)
+            if ref is None:
+                continue
+            shards = ref.shards if isinstance(ref, _remote.ShardedParamRef) else (ref,)
+            parts = [
+                _transport.run_ps_ops(s.task, [_remote.var_op("read", s.key)])[0] for s in shards
+            ]
+            with torch.no_grad():
+                param.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
+
+    # --- run ------------------------------------------------------------------------------
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if (
+            self._cluster_resolver is not None
+            and getattr(self._container_strategy(), "_cluster_coordinator", None) is None
+        ):
+            log.warning(NO_COORDINATOR_WARNING)
+        with _context.ReplicaContext(self._container_strategy(), 0, _local_replica_id=0):
+            return fn(*args, **kwargs)
+
+    # --- devices and roles ----------------------------------------------------------------
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        return ("/device:CPU:0",)
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        return tuple(_transport.ps_device(i) for i in range(self._num_ps))
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return True
+
+    @property
+    def should_init(self) -> bool:
+        return True
+
+    # --- input ------------------------------------------------------------------------------
+    def _experimental_distribute_dataset(self, dataset: Any, options: Any, *rest: Any) -> Any:
+        return _PSDataset(lambda: dataset)
+
+    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+        from strategyjob.input import InputContext
+
+        return _PSDataset(lambda: dataset_fn(InputContext(1, 0, 1)))
+
+
+class ParameterServerStrategy(Strategy):
+    """An asynchronous multi-worker strategy: variables on ps tasks, functions scheduled onto
+    workers by a ``ClusterCoordinator``.
+
+    ``ParameterServerStrategy(cluster_resolver, variable_partitioner=None)``: the resolver
+    (e.g. ``TFConfigClusterResolver()``) describes a cluster with ``chief``, ``worker`` and
+    ``ps`` jobs; ``variable_partitioner`` (see ``strategyjob.experimental.partitioners``)
+    splits variables on their first axis.
+    """
+
+    def __init__(self, cluster_resolver: Any = None, variable_partitioner: Any = None) -> None:
+        if cluster_resolver is None:
+            from strategyjob.cluster_resolver import TFConfigClusterResolver
+
+            cluster_resolver = TFConfigClusterResolver()
+        self._cluster_coordinator = None
+        super().__init__(
+            ParameterServerStrategyExtended(self, cluster_resolver, variable_partitioner)
+        )
+
+    def __reduce__(self) -> Any:
+        # Shipped to a worker inside a scheduled function, the strategy becomes the worker's
+        # one-replica view (``run`` calls the function once, ``reduce`` is the identity).
+        return (_worker_side_strategy, ())
+
+    def __deepcopy__(self, memo: dict) -> ParameterServerStrategy:
+        return self
+
+
+_worker_strategy: ParameterServerStrategy | None = None
+
+
+def _worker_side_strategy() -> ParameterServerStrategy:
+    global _worker_strategy
+    if _worker_strategy is None:
+        strategy = object.__new__(ParameterServerStrategy)
+        strategy._cluster_coordinator = None
+        Strategy.__init__(strategy, ParameterServerStrategyExtended(strategy, None, None))
+        _worker_strategy = strategy
+    return _worker_strategy

@@ -1,0 +1,654 @@
+"""``TPUStrategy``: replicas that each span several logical devices, on torch DTensor.
+
+Why: TensorFlow's TPUStrategy lets one replica use several devices (model parallelism) by
+annotating tensors: split across the replica's logical devices, replicated to all of them, or
+assigned to one. Here every device is one process (TF_CONFIG task ``i`` is the device at
+``(0, 0, 0, i)`` of mesh ``[1, 1, 1, N]``), a ``DeviceAssignment`` groups the processes into
+``R`` replicas of ``L`` logical devices, and the grid of process ranks becomes a torch
+``DeviceMesh`` of shape ``(R, L)`` with dimensions ``("replica", "logical")``:
+
+* every process of a replica runs ``fn`` (SPMD) on the replica's input;
+* ``experimental_split_to_logical_devices`` returns a ``DTensor`` sharded over the replica's
+  logical devices (tile ``i`` on logical core ``i``, row-major, as TF), ``replicate`` a
+  replicated ``DTensor``, ``assign`` a ``DTensor`` that lives on one logical core only;
+* the annotations are identities for autograd: the gradient reaching the unannotated tensor is
+  the whole logical gradient on every logical device (the shards are all-gathered back);
+* ``DTensor`` outputs of ``run`` are returned as their logical (full) values, and reductions,
+  gathers and gradient averaging go across the replica dimension only, so
+  ``num_replicas_in_sync`` is ``R``, not ``N``.
+
+CPU processes use gloo; GPU processes NCCL (the process group is MultiWorkerMirroredStrategy's,
+``collective/process_group.py``).
+
+Limits: all processes run the same program, so every logical device must make the same
+annotation calls in the same order (a multi-dimensional split builds its mesh, collectively, on
+first use); a device assignment must use every process of the cluster; TF's
+``experimental_logical_device`` placement scope is not provided.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.experimental import implicit_replication
+
+from strategyjob import _context, _nest
+from strategyjob._devices import LogicalDevice
+from strategyjob._reduce import ReduceOp
+from strategyjob._values import regroup, select_replica
+from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolver, multi_worker_util
+from strategyjob.collective import process_group
+from strategyjob.collective.options import CommunicationOptions
+from strategyjob.strategies.base import Strategy, StrategyExtended
+from strategyjob.strategies.compat_methods import CompatV1StrategyMethods
+from strategyjob.tpu.device_assignment import DeviceAssignment
+from strategyjob.tpu.topology import line_topology
+
+__all__ = ["TPUExtended", "TPUStrategy", "TPUStrategyV1"]
+
+SPMD_ASSIGN_ERROR = (
+    "Cannot assign a tensor to a logical device in SPMD mode. To disable SPMD, Please construct "
+    "the TPUStrategy with `experimental_spmd_xla_partitioning=False`"
+)
+#: Per-process state that copies of a strategy share rather than duplicate.
+_SHARED_STATE = frozenset(
+    {
+        "_cluster",
+        "_cluster_resolver",
+        "_group",
+        "_mesh",
+        "_replica_logical_mesh",
+        "_logical_group",
+        "_replica_group",
+        "_split_meshes",
+        "_core_meshes",
+        "_device_assignment",
+        "_strategyjob_grad_sync",
+    }
+)
+_IMPLICIT_REPLICATION_WARNING = ".*implicitly creating a replicated DTensor.*"
+
+
+# ------------------------------------------------------------------------------ cluster
+
+
+class _Cluster:
+    """This process's place in the cluster: rank, world size and the collective group."""
+
+    def __init__(self, resolver: ClusterResolver) -> None:
+        cluster_spec = resolver.cluster_spec()
+        self.task_type, self.task_id = resolver.task_type, resolver.task_id
+        self.group: process_group.CollectiveGroup | None = None
+        self._membership: process_group.ClusterMembership | None = None
+        if not cluster_spec.as_dict():
+            self.rank, self.world_size = 0, 1
+            return
+        if self.task_type is None or self.task_id is None:
+            raise ValueError(
+                "When `cluster_spec` is given, you must also specify `task_type` and `task_id`."
+            )
+        multi_worker_util.validate_cluster_spec(cluster_spec, self.task_type, self.task_id)
+        # Adapter: the rendezvous is MultiWorkerMirroredStrategy's (rank = id_in_cluster).
+        membership = process_group.membership_from_cluster(
+            cluster_spec.as_dict(), self.task_type, self.task_id
+        )
+        self.rank, self.world_size = membership.rank, membership.world_size
+        self._membership = membership
+
+    def connect(self) -> None:
+        """Join the cluster's process group (MultiWorkerMirroredStrategy's, with its bounded
+        waits); a one-process cluster still gets a process group for ``DeviceMesh``."""
+        if self.world_size > 1:
+            self.group = process_group.get_group(self._membership, CommunicationOptions())
+        elif not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    def device(self) -> LogicalDevice:
+        job, task = self.task_type or "localhost", self.task_id or 0
+        if torch.cuda.is_available():
+            index = int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count()
+            return LogicalDevice("cuda", index, job=job, task=task)
+        return LogicalDevice("cpu", 0, job=job, task=task)
+
+
+def _rank_grid(assignment: DeviceAssignment, world_size: int) -> np.ndarray:
+    """``grid[r, k]`` = the process rank running logical core ``k`` of replica ``r``."""
+    topology = assignment.topology
+    if topology.num_tpus_per_task != 1 or topology.num_tasks != world_size:
+        raise ValueError(
+            f"The device assignment's topology has {topology.num_tasks} task(s) with "
+            f"{topology.num_tpus_per_task} device(s) each, but the cluster runs {world_size} "
+            "process(es) with one device each. Build the assignment from "
+            "strategyjob.tpu.experimental.initialize_tpu_system(resolver)."
+        )
+    grid = np.array(
+        [
+            [assignment.task(r, k) for k in range(assignment.num_cores_per_replica)]
+            for r in range(assignment.num_replicas)
+        ],
+        dtype=np.int64,
+    )
+    if grid.size != world_size or len(set(grid.flat)) != grid.size:
+        raise ValueError(
+            f"The device assignment uses {len(set(grid.flat))} of the cluster's {world_size} "
+            f"devices ({assignment.num_replicas} replica(s) x "
+            f"{assignment.num_cores_per_replica} logical device(s)). Every process must run one "
+            "logical device: start num_replicas * num_cores_per_replica processes."
+        )
+    return grid
+
+
+# ---------------------------------------------------------------------- autograd helpers
+
+
+class _BroadcastFromCore(torch.autograd.Function):
+    """The value held by one logical core, on every core of the replica (differentiable).
+
+    Backward hands the owner its own gradient (every core computed the same one) and the
+    others nothing, so the value is counted once."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, shape, dtype, device, src: int, group) -> Any:
+        ctx.owner = dist.get_rank() == src
+        ctx.local_shape = local.shape
+        buffer = local.detach().clone() if ctx.owner else torch.empty(shape, dtype=dtype)
+        buffer = buffer.to(device).contiguous()
+        dist.broadcast(buffer, src=src, group=group)
+        return buffer
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        if ctx.owner:
+            return grad, None, None, None, None, None
+        return grad.new_zeros(ctx.local_shape), None, None, None, None, None
+
+
+class _SplitToLogicalDevices(torch.autograd.Function):
+    """A whole tensor (equal on every logical device) as a sharded DTensor; identity for
+    autograd: the gradient comes back whole on every device (all-gathered)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, mesh: DeviceMesh, placements: tuple) -> Any:
+        coordinate = mesh.get_coordinate()
+        local = tensor.detach()
+        for mesh_dim, placement in enumerate(placements):
+            if isinstance(placement, Shard):
+                size = local.shape[placement.dim] // mesh.size(mesh_dim)
+                local = local.narrow(placement.dim, coordinate[mesh_dim] * size, size)
+        return DTensor.from_local(
+            local.contiguous(),
+            mesh,
+            placements,
+            run_check=False,
+            shape=tensor.shape,
+            stride=tensor.stride(),
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple:
+        whole = grad.full_tensor() if isinstance(grad, DTensor) else grad
+        return whole, None, None
+
+
+class _AssignToCore(torch.autograd.Function):
+    """``tensor`` as a DTensor that exists on logical core ``k`` only; identity for autograd.
+
+    Backward broadcasts the owner's gradient so every core's ``tensor`` gets it whole."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, mesh: DeviceMesh, src: int, group) -> Any:
+        ctx.src, ctx.group = src, group
+        return DTensor.from_local(tensor.detach(), mesh, [Replicate()], run_check=False)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple:
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        shape = grad.shape
+        result = local.contiguous() if dist.get_rank() == ctx.src else None
+        if result is None or result.shape != shape:
+            result = torch.zeros(shape, dtype=grad.dtype, device=local.device)
+        if ctx.group is not None:
+            dist.broadcast(result, src=ctx.src, group=ctx.group)
+        return result, None, None, None
+
+
+# ---------------------------------------------------------------------------- extended
+
+
+class _PendingAllReduce:
+    """An in-flight gradient-bucket all-reduce; ``wait()`` is bounded like every collective."""
+
+    __slots__ = ("_extended", "_work")
+
+    def __init__(self, extended: TPUExtended, work: Any) -> None:
+        self._extended = extended
+        self._work = work
+
+    def wait(self) -> None:
+        self._extended._wait(self._work, "gradient all-reduce")
+
+
+class TPUExtended(StrategyExtended):
+    """Implementation of TPUStrategy: one process per logical device of each replica."""
+
+    def __init__(
+        self,
+        container_strategy: Strategy,
+        tpu_cluster_resolver: ClusterResolver | None = None,
+        device_assignment: DeviceAssignment | None = None,
+        use_spmd_for_xla_partitioning: bool = False,
+    ) -> None:
+        super().__init__(container_strategy)
+        resolver = tpu_cluster_resolver
+        if resolver is None:
+            resolver = TFConfigClusterResolver()
+        if not isinstance(resolver, ClusterResolver):
+            raise ValueError(
+                "tpu_cluster_resolver must be an instance of "
+                f"strategyjob.cluster_resolver.ClusterResolver, got {type(resolver).__name__}; "
+                "pass e.g. TFConfigClusterResolver() or None (TF_CONFIG)."
+            )
+        if device_assignment is not None and not isinstance(device_assignment, DeviceAssignment):
+            raise ValueError(
+                "device_assignment must be a strategyjob.tpu.experimental.DeviceAssignment, got "
+                f"{type(device_assignment).__name__}; build one with DeviceAssignment.build()."
+            )
+        cluster = _Cluster(resolver)
+        if device_assignment is None:  # every device is its own replica
+            device_assignment = DeviceAssignment.build(
+                line_topology(cluster.world_size), num_replicas=cluster.world_size
+            )
+        grid = _rank_grid(device_assignment, cluster.world_size)  # validated before joining
+        device = cluster.device()
+        if device.device_type == "cuda":
+            torch.cuda.set_device(device.torch_device)  # NCCL: one device per process
+        cluster.connect()
+
+        self._cluster_resolver = resolver
+        self._device_assignment = device_assignment
+        self._use_spmd_for_xla_partitioning = bool(use_spmd_for_xla_partitioning)
+        self._cluster = cluster
+        self._group = cluster.group
+        self._grid = grid
+        (replica,), (core,) = np.nonzero(grid == cluster.rank)
+        self._replica_id, self._logical_core = int(replica), int(core)
+        self._num_workers = int(grid.shape[0])  # input pipelines and gradients: per replica
+        self._worker_index = self._replica_id
+        self._logical_devices = (device,)
+        self._device_type = device.device_type
+        self._torch_device = device.torch_device
+        self._mesh = DeviceMesh(
+            self._device_type, torch.as_tensor(grid), mesh_dim_names=("replica", "logical")
+        )
+        self._replica_logical_mesh = self._mesh["logical"]  # slicing is slow: do it once
+        self._logical_group = self._mesh.get_group("logical")
+        self._replica_group = self._mesh.get_group("replica")
+        self._split_meshes: dict[tuple[int, ...], DeviceMesh] = {}
+        self._core_meshes: dict[int, DeviceMesh] = {}
+
+    def __deepcopy__(self, memo: dict) -> TPUExtended:
+        """Copies share the process's cluster membership, meshes and groups."""
+        cls = type(self)
+        result = cls.__new__(cls)
+        memo[id(self)] = result
+        for key, value in self.__dict__.items():
+            shared = key in _SHARED_STATE
+            setattr(result, key, value if shared else copy.deepcopy(value, memo))
+        return result
+
+    # --- topology -------------------------------------------------------------------------
+    @property
+    def num_replicas_in_sync(self) -> int:
+        return int(self._grid.shape[0])
+
+    @property
+    def num_cores_per_replica(self) -> int:
+        return int(self._grid.shape[1])
+
+    @property
+    def experimental_device_assignment(self) -> DeviceAssignment:
+        return self._device_assignment
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The ``(replica, logical)`` torch ``DeviceMesh`` of the cluster's processes."""
+        return self._mesh
+
+    @property
+    def logical_device_id(self) -> int:
+        """The logical core of its replica that this process runs."""
+        return self._logical_core
+
+    def _replica_timeout(self) -> float | None:
+        return self._group.options.timeout_seconds if self._group is not None else None
+
+    @property
+    def experimental_between_graph(self) -> bool:
+        return True
+
+    @property
+    def should_checkpoint(self) -> bool:
+        return self._cluster.rank == int(self._grid[0, 0])
+
+    @property
+    def should_save_summary(self) -> bool:
+        return self.should_checkpoint
+
+    # --- collectives across replicas (the "replica" mesh dimension) ------------------------
+    def _wait(self, work: Any, what: str) -> None:
+        if self._group is not None:
+            self._group.wait(work, what)
+        else:
+            work.wait()
+
+    def _cross_worker_all_reduce(
+        self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        if self.num_replicas_in_sync == 1 or not tensors:
+            return list(tensors)
+        results: list[torch.Tensor | None] = [None] * len(tensors)
+        packs: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+        for i, t in enumerate(tensors):
+            packs.setdefault((t.dtype, t.device), []).append(i)
+        for (dtype, _), indices in packs.items():  # one collective per dtype and device
+            wire_dtype = torch.int32 if dtype == torch.bool else dtype
+            flat = torch.cat([tensors[i].detach().reshape(-1).to(wire_dtype) for i in indices])
+            self._wait(
+                dist.all_reduce(flat, group=self._replica_group, async_op=True), "all-reduce"
+            )
+            if reduce_op == ReduceOp.MEAN:
+                count = self.num_replicas_in_sync
+                flat = flat / count if flat.is_floating_point() else flat // count
+            offset = 0
+            for i in indices:
+                n = tensors[i].numel()
+                results[i] = flat[offset : offset + n].view(tensors[i].shape).to(dtype)
+                offset += n
+        return results  # type: ignore[return-value]
+
+    def _cross_worker_all_reduce_async(self, flat: torch.Tensor) -> _PendingAllReduce:
+        """Start a SUM all-reduce of a gradient bucket across replicas, in place (grad_sync
+        overlaps it with the rest of backward)."""
+        work = dist.all_reduce(flat, group=self._replica_group, async_op=True)
+        return _PendingAllReduce(self, work)
+
+    def _cross_worker_all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        if self.num_replicas_in_sync == 1:
+            return tensor
+        group = self._replica_group
+        count = self.num_replicas_in_sync
+        tensor = tensor.detach()
+        axis = axis % tensor.dim()
+        sizes = torch.zeros(count, dtype=torch.int64, device=tensor.device)
+        sizes[self._replica_id] = tensor.shape[axis]
+        self._wait(dist.all_reduce(sizes, group=group, async_op=True), "all-gather")
+        sizes_list = [int(s) for s in sizes.tolist()]
+        largest = max(sizes_list)
+        padded = tensor
+        if tensor.shape[axis] < largest:
+            pad = list(tensor.shape)
+            pad[axis] = largest - tensor.shape[axis]
+            padded = torch.cat([tensor, tensor.new_zeros(pad)], dim=axis)
+        padded = padded.contiguous()
+        parts = [torch.empty_like(padded) for _ in range(count)]
+        self._wait(dist.all_gather(parts, padded, group=group, async_op=True), "all-gather")
+        return torch.cat([p.narrow(axis, 0, n) for p, n in zip(parts, sizes_list)], dim=axis)
+
+    def _broadcast_from_chief(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._group is None:
+            return tensor
+        result = torch.as_tensor(tensor).detach().clone()
+        self._group.broadcast([result], src=int(self._grid[0, 0]))
+        return result
+
+    def _any_worker_has_data(self, flag: bool) -> bool:
+        return self._group.any(flag) if self._group is not None else flag
+
+    # --- module parameters -------------------------------------------------------------------
+    def _register_parameter(self, param: torch.nn.Parameter) -> None:
+        """Keep gradients plain tensors: a parameter used with DTensors (implicit replication)
+        receives a DTensor gradient, which becomes its logical value as soon as it is ready."""
+        param.register_post_accumulate_grad_hook(self._make_grad_plain)
+
+    def _make_grad_plain(self, param: torch.Tensor) -> None:
+        grad = param.grad
+        if isinstance(grad, DTensor):
+            param.grad = self._logical_value(grad)
+
+    def _broadcast_pending_parameters(self) -> None:
+        sync = getattr(self, "_strategyjob_grad_sync", None)
+        if sync is None or self._group is None:
+            return
+        pending = sync.take_pending_broadcast()
+        if pending:
+            with torch.no_grad():
+                self._group.broadcast([p.data for p in pending], src=int(self._grid[0, 0]))
+
+    def _exit_scope(self) -> None:
+        super()._exit_scope()
+        self._broadcast_pending_parameters()
+
+    # --- running the replica ---------------------------------------------------------------
+    def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        self._broadcast_pending_parameters()
+        context = self._make_replica_context(0)
+        with (
+            _context.enter_mode(_context.replica_mode(context)),
+            implicit_replication(),
+            warnings.catch_warnings(),
+        ):
+            # Plain tensors meeting DTensors are the replica's replicated values: that is the
+            # point of implicit replication, so DTensor's warning about it is noise here.
+            warnings.filterwarnings("ignore", message=_IMPLICIT_REPLICATION_WARNING)
+            if self._device_type == "cuda":
+                with torch.cuda.device(self._torch_device):
+                    result = fn(*select_replica(0, args), **select_replica(0, kwargs))
+            else:
+                result = fn(*select_replica(0, args), **select_replica(0, kwargs))
+        return regroup([_nest.map_structure(self._logical_value, result)])
+
+    def _logical_value(self, value: Any) -> Any:
+        """A DTensor output as the plain tensor it stands for, on every logical core."""
+        if not isinstance(value, DTensor):
+            return value
+        mesh = value.device_mesh
+        if mesh.get_coordinate() is not None and mesh.size() > 1:
+            return value.full_tensor()
+        if mesh.size() == 1 and self.num_cores_per_replica > 1:  # assigned to one core
+            src = int(mesh.mesh.flatten()[0])
+            return _BroadcastFromCore.apply(
+                value.to_local(),
+                tuple(value.shape),
+                value.dtype,
+                self._torch_device,
+                src,
+                self._logical_group,
+            )
+        return value.to_local()
+
+    # --- annotations ------------------------------------------------------------------------
+    def _logical_mesh(self, split_shape: tuple[int, ...]) -> DeviceMesh:
+        """The replica's logical devices as a mesh of ``split_shape`` (row-major cores)."""
+        if len(split_shape) <= 1:
+            return self._replica_logical_mesh
+        mesh = self._split_meshes.get(split_shape)
+        if mesh is None:
+            names = ("replica", *(f"logical_{i}" for i in range(len(split_shape))))
+            full = DeviceMesh(
+                self._device_type,
+                torch.as_tensor(self._grid).reshape(self._grid.shape[0], *split_shape),
+                mesh_dim_names=names,
+            )
+            mesh = full[names[1:]]
+            self._split_meshes[split_shape] = mesh
+        return mesh
+
+    def _core_mesh(self, logical_core: int) -> DeviceMesh:
+        """A one-device mesh holding this replica's ``logical_core`` (no collective needed)."""
+        mesh = self._core_meshes.get(logical_core)
+        if mesh is None:
+            rank = int(self._grid[self._replica_id, logical_core])
+            mesh = DeviceMesh(self._device_type, [rank], _init_backend=False)
+            self._core_meshes[logical_core] = mesh
+        return mesh
+
+    def _as_plain(self, tensor: Any) -> torch.Tensor:
+        """The logical value of an annotated tensor (differentiable), else ``tensor``."""
+        if isinstance(tensor, DTensor):
+            return self._logical_value(tensor)
+        return torch.as_tensor(tensor) if not isinstance(tensor, torch.Tensor) else tensor
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        device = self._torch_device
+        if tensor.device.type == device.type and (device.type == "cpu" or tensor.device == device):
+            return tensor  # "cpu" vs "cpu:0" would copy
+        return tensor.to(device)
+
+    def _split(self, tensor: Any, partition_dimensions: Sequence[int]) -> DTensor:
+        dims = [int(d) for d in partition_dimensions]
+        split_dims = tuple(i for i, d in enumerate(dims) if d > 1)
+        mesh = self._logical_mesh(tuple(dims[i] for i in split_dims))
+        placements = [Shard(i) for i in split_dims] or [Replicate()]
+        if isinstance(tensor, DTensor) and tensor.device_mesh == mesh:
+            return tensor.redistribute(mesh, placements)
+        plain = self._to_device(self._as_plain(tensor))
+        if not split_dims:
+            return DTensor.from_local(plain, mesh, placements, run_check=False)
+        return _SplitToLogicalDevices.apply(plain, mesh, tuple(placements))
+
+    def _replicate(self, tensor: Any) -> DTensor:
+        if isinstance(tensor, DTensor) and tensor.device_mesh.get_coordinate() is not None:
+            mesh = tensor.device_mesh
+            if mesh.size() > 1 or self.num_cores_per_replica == 1:
+                return tensor.redistribute(mesh, [Replicate()] * mesh.ndim)
+        plain = self._to_device(self._as_plain(tensor))
+        return DTensor.from_local(plain, self._replica_logical_mesh, [Replicate()], run_check=False)
+
+    def _assign(self, tensor: Any, logical_device_id: int) -> DTensor:
+        plain = self._to_device(self._as_plain(tensor))
+        src = int(self._grid[self._replica_id, logical_device_id])
+        group = self._logical_group if self.num_cores_per_replica > 1 else None
+        return _AssignToCore.apply(plain, self._core_mesh(logical_device_id), src, group)
+
+
+# ---------------------------------------------------------------------------- strategies
+
+
+class _TPUStrategyBase(Strategy):
+    extended: TPUExtended
+
+    def experimental_assign_to_logical_device(self, tensor: Any, logical_device_id: int) -> Any:
+        """Place the computation of ``tensor`` on logical device ``logical_device_id`` only.
+
+        Returns a ``DTensor`` that exists on that logical device of the replica (its
+        ``full_tensor()`` there is ``tensor``); ``run`` returns it as a plain tensor on every
+        device. Raises ``ValueError`` in SPMD mode or for an id outside the replica's logical
+        devices.
+        """
+        extended = self._extended
+        if extended._use_spmd_for_xla_partitioning:
+            raise ValueError(SPMD_ASSIGN_ERROR)
+        count = extended.num_cores_per_replica
+        if logical_device_id < 0 or logical_device_id >= count:
+            raise ValueError(
+                "`logical_core_id` to assign must be lower then total number of logical devices "
+                f"per replica. Received logical device id {logical_device_id} but there are only "
+                f"total of {count} logical devices in replica."
+            )
+        return extended._assign(tensor, logical_device_id)
+
+    def experimental_split_to_logical_devices(
+        self, tensor: Any, partition_dimensions: Sequence[int]
+    ) -> Any:
+        """Split ``tensor`` across the replica's logical devices (a sharded ``DTensor``).
+
+        ``partition_dimensions[i]`` is the number of pieces along dimension ``i``; the tile
+        with row-major index ``j`` lives on logical device ``j``. The gradient flows back to
+        ``tensor`` whole.
+        """
+        extended = self._extended
+        count = extended.num_cores_per_replica
+        if not hasattr(tensor, "shape"):
+            tensor = torch.as_tensor(tensor)
+        dims = list(partition_dimensions)
+        product = math.prod(dims)
+        shape = tuple(tensor.shape)
+        if len(shape) != len(dims):
+            raise ValueError(
+                "Length of `partition_dimensions` must equal to the rank of `tensor.shape` "
+                f"({len(shape)}). Received len(partition_dimensions)={len(dims)}."
+            )
+        for index, size in enumerate(shape):
+            if size is None:
+                continue
+            if size % dims[index] != 0:
+                raise ValueError(
+                    f"Tensor shape at `partition_dimensions[{index}]` must be divisible by "
+                    f"corresponding value specified by `partition_dimensions` ({dims[index]}). "
+                    f"Received: {size}."
+                )
+        if product != count:
+            raise ValueError(
+                "The product of `partition_dimensions` should be the same as the number of "
+                f"logical devices (={count}). Received `partition_dimensions`="
+                f"{partition_dimensions},and their product is {product}."
+            )
+        return extended._split(tensor, dims)
+
+    def experimental_replicate_to_logical_devices(self, tensor: Any) -> Any:
+        """Copy ``tensor`` to every logical device of the replica (a replicated ``DTensor``)."""
+        return self._extended._replicate(tensor)
+
+
+class TPUStrategy(_TPUStrategyBase):
+    """Synchronous training where each replica may span several devices (model parallelism).
+
+    Args:
+      tpu_cluster_resolver: a ``strategyjob.cluster_resolver.ClusterResolver`` (default
+        ``TFConfigClusterResolver()``): one process per device; without TF_CONFIG, this
+        process's device alone.
+      experimental_device_assignment: a ``strategyjob.tpu.experimental.DeviceAssignment``
+        grouping the devices into replicas of ``num_cores_per_replica`` logical devices
+        (default: every device is its own replica).
+      experimental_spmd_xla_partitioning: TF's SPMD flag; assigning a tensor to one logical
+        device is then an error.
+    """
+
+    def __init__(
+        self,
+        tpu_cluster_resolver: ClusterResolver | None = None,
+        experimental_device_assignment: DeviceAssignment | None = None,
+        experimental_spmd_xla_partitioning: bool = False,
+    ) -> None:
+        super().__init__(
+            TPUExtended(
+                self,
+                tpu_cluster_resolver,
+                device_assignment=experimental_device_assignment,
+                use_spmd_for_xla_partitioning=experimental_spmd_xla_partitioning,
+            )
+        )
+
+
+class TPUStrategyV1(CompatV1StrategyMethods, _TPUStrategyBase):
+    """``strategyjob.experimental.TPUStrategy(tpu_cluster_resolver=None, device_assignment=None)``
+    (TF's ``tf.distribute.experimental.TPUStrategy``); see :class:`TPUStrategy`."""
+
+    def __init__(
+        self,
+        tpu_cluster_resolver: ClusterResolver | None = None,
+        device_assignment: DeviceAssignment | None = None,
+    ) -> None:
+        super().__init__(
+            TPUExtended(self, tpu_cluster_resolver, device_assignment=device_assignment)
+        )

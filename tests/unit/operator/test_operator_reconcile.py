@@ -1,0 +1,115 @@
+"""The reconciler's order of effects, against a recording fake of the API client:
+deletions, then creations, then one status write, then Events."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from strategyjob_operator.kube import KubeApi
+from strategyjob_operator.metrics import Registry
+from strategyjob_operator.reconcile import Reconciler
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}
+
+
+def job_obj(status=None, policy="OnFailure"):
+    return {
+        "apiVersion": "strategyjob.dev/v1alpha1",
+        "kind": "StrategyJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
+        "spec": {
+            "strategy": "MultiWorkerMirroredStrategy",
+            "replicaSpecs": {
+                "worker": {"replicas": 2, "restartPolicy": policy, "template": TEMPLATE}
+            },
+        },
+        "status": status or {},
+    }
+
+
+def pod(i, phase, exit_code=None):
+    p = {
+        "metadata": {
+            "name": f"j-worker-{i}",
+            "ownerReferences": [{"uid": "u", "controller": True}],
+            "labels": {
+                "strategyjob.dev/job-name": "j",
+                "strategyjob.dev/replica-type": "worker",
+                "strategyjob.dev/replica-index": str(i),
+            },
+        },
+        "status": {"phase": phase},
+    }
+    if exit_code is not None:
+        p["status"]["containerStatuses"] = [
+            {"name": "strategyjob", "state": {"terminated": {"exitCode": exit_code}}}
+        ]
+    return p
+
+
+class FakeApi:
+    job_path = staticmethod(KubeApi.job_path)
+    core_path = staticmethod(KubeApi.core_path)
+
+    def __init__(self, job, pods):
+        self.job, self.pods, self.calls = job, pods, []
+
+    async def get(self, path):
+        return self.job
+
+    async def list(self, path, selector):
+        return self.pods
+
+    async def create(self, path, obj):
+        self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+        return True
+
+    async def delete(self, path, grace_seconds=None):
+        self.calls.append(("delete", path.rsplit("/", 1)[-1]))
+        return True
+
+    async def merge_patch(self, path, patch):
+        self.calls.append(("patch", path.rsplit("/", 1)[-1], patch["status"].get("state")))
+        self.job = {**self.job, "status": patch["status"]}  # what the API server would keep
+        return {}
+
+    async def post_event(self, involved, type_, reason, message, now):
+        self.calls.append(("event", reason))
+
+
+def run(api):
+    reconciler = Reconciler(api, clock=lambda: NOW, registry=Registry())
+    return asyncio.run(reconciler.reconcile("ns", "j"))
+
+
+def test_first_pass_creates_service_and_pods_then_writes_status_once_then_events():
+    api = FakeApi(job_obj(), [])
+    run(api)
+    assert api.calls == [
+        ("create", "Service", "j"),
+        ("create", "Pod", "j-worker-0"),
+        ("create", "Pod", "j-worker-1"),
+        ("patch", "status", "Created"),
+        ("event", "StrategyJobCreated"),
+    ]
+
+
+def test_restart_deletes_pods_before_persisting_the_decision():
+    launched = {"launched": True, "conditions": [{"type": "Created", "status": "True"}]}
+    api = FakeApi(job_obj(launched), [pod(0, "Running"), pod(1, "Failed", 137)])
+    run(api)
+    kinds = [c[0] for c in api.calls]
+    assert kinds == ["delete", "delete", "patch", "event"]
+    assert api.calls[2] == ("patch", "status", "Restarting")
+    assert api.calls[3] == ("event", "JobRestarting")
+
+
+def test_a_settled_job_costs_no_writes():
+    api = FakeApi(job_obj(), [pod(0, "Running"), pod(1, "Running")])
+    run(api)
+    assert ("patch", "status", "Running") in api.calls
+    api.calls.clear()
+    run(api)  # the same pods, the status the first pass wrote
+    assert api.calls == []
