@@ -34,3 +34,7 @@ class InvalidArgumentError(OpError):
 
 class CancelledError(OpError):
     """An operation was cancelled."""
+
+
+class PermissionDeniedError(OpError):
+    """A server refused a call: the job's token (``STRATEGYJOB_TOKEN``) is missing or wrong."""

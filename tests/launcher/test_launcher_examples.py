@@ -99,3 +99,18 @@ def test_central_storage_example(tmp_path):
     checkpoint = torch.load(tmp_path / "checkpoints" / "model.pt", weights_only=True)
     assert checkpoint["epochs"] == 4
     assert "strategyjob: job digits-central-storage succeeded in" in result.stdout
+
+
+def test_tpu_example_splits_a_layer_across_logical_devices(tmp_path):
+    """Four device processes = 2 replicas x 2 logical devices, all reporting the same
+    global metrics: the split layer trains like the unsplit one."""
+    pytest.importorskip("torch")
+    result = run(prepared_example("digits_tpu", tmp_path, epochs=3))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[worker-3] worker-3: 2 replicas x 2 logical devices" in result.stdout
+    rows = {w: epochs_of(result.stdout, f"[worker-{w}]") for w in range(4)}
+    assert [row[0] for row in rows[0]] == [1, 2, 3]
+    assert rows[0] == rows[1] == rows[2] == rows[3]
+    assert rows[0][-1][2] < rows[0][0][2] / 2
+    assert rows[0][-1][4] > 0.85
+    assert "strategyjob: job digits-tpu succeeded in" in result.stdout

@@ -11,6 +11,7 @@ import sys
 import pytest
 import strategyjob
 import torch
+from strategyjob import errors
 from strategyjob.ps import _remote, _transport
 from strategyjob.ps._server import Server
 from strategyjob.ps._wire import dumps, from_proto, loads, to_proto
@@ -80,10 +81,10 @@ def test_token_is_required_when_set(token_ps, monkeypatch):
     op = _remote.var_op("create", "x", torch.ones(2))
     _transport.run_ps_ops(0, [op])  # this process carries the token
     monkeypatch.setenv(_transport.TOKEN_ENV, "wrong")
-    with pytest.raises(_transport.PermissionDeniedError, match="token"):
+    with pytest.raises(errors.PermissionDeniedError, match="token"):
         _transport.run_ps_ops(0, [_remote.var_op("read", "x")])
     monkeypatch.delenv(_transport.TOKEN_ENV)
-    with pytest.raises(_transport.PermissionDeniedError, match="STRATEGYJOB_TOKEN"):
+    with pytest.raises(errors.PermissionDeniedError, match="STRATEGYJOB_TOKEN"):
         _transport.run_ps_ops(0, [_remote.var_op("read", "x")])
 
 
@@ -116,10 +117,10 @@ def test_token_across_processes(make_cluster, monkeypatch):
     coordinator = ClusterCoordinator(strategy)
     assert coordinator.schedule(lambda: v.assign_add(1.0)).fetch() == 2.0
     monkeypatch.setenv(_transport.TOKEN_ENV, "intruder")
-    with pytest.raises(_transport.PermissionDeniedError):
+    with pytest.raises(errors.PermissionDeniedError):
         v.read_value()
     # A coordinator without the token gets the error from join(), not a hang.
     intruder = ClusterCoordinator(ParameterServerStrategy(cluster.resolver()))
     intruder.schedule(lambda: 1)
-    with pytest.raises(_transport.PermissionDeniedError, match="token"):
+    with pytest.raises(errors.PermissionDeniedError, match="token"):
         intruder.join()

@@ -32,8 +32,7 @@ TOKEN_METADATA = "strategyjob-token"
 CONNECT_TIMEOUT_ENV = "STRATEGYJOB_PS_CONNECT_TIMEOUT"
 
 
-class PermissionDeniedError(errors.OpError):
-    """A server refused a call: the job's token is missing or wrong (``tf.errors``' name)."""
+PermissionDeniedError = errors.PermissionDeniedError  # where the transport raises it
 
 
 def ps_device(task: int) -> str:

@@ -534,7 +534,7 @@ class _Worker:
         except errors.UnavailableError:
             log.error("Worker %s did not come back within %s s.", self.name, RECONNECT_TIMEOUT_S)
             self._stop.set()
-        except _transport.PermissionDeniedError as exc:
+        except errors.PermissionDeniedError as exc:
             self._queue.record_error(exc)  # raised by the next schedule/join/done
             self._stop.set()
 
