@@ -23,13 +23,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from strategyjob.launcher import free_ports
 
 HERE = Path(__file__).resolve().parent
 SDK = HERE.parent / "sdk"
@@ -53,16 +54,6 @@ def _args() -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------------- launcher
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _spawn_all(commands: list[tuple[list[str], dict]], timeout: float) -> list[str]:
     """Run commands concurrently (own process groups); return their outputs; kill on timeout."""
     logs, procs = [], []
@@ -112,7 +103,7 @@ def _window_rates(results: list[dict], key: str) -> list[float]:
 
 
 def launch(args: argparse.Namespace) -> None:
-    ports = _free_ports(args.nworkers + 1)
+    ports = free_ports(args.nworkers + 1)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
     for key in ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
@@ -171,7 +162,7 @@ def run_tensorflow(args: argparse.Namespace) -> None:
     python = Path(args.tensorflow) / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"--tensorflow {args.tensorflow}: {python} does not exist (see README)")
-    ports = _free_ports(args.nworkers)
+    ports = free_ports(args.nworkers)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     commands = []
     for i in range(args.nworkers):

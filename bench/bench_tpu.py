@@ -27,13 +27,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from strategyjob.launcher import free_ports
 
 HERE = Path(__file__).resolve().parent
 SDK = HERE.parent / "sdk"
@@ -56,19 +57,9 @@ def _args() -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------------- launcher
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def launch(args: argparse.Namespace) -> None:
     n = args.replicas * args.cores
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(n)]}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(n)]}
     env_base = dict(os.environ)
     env_base.update(
         PYTHONPATH=os.pathsep.join(filter(None, [str(SDK), env_base.get("PYTHONPATH")])),
