@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 
 import kopf
 
 import strategyjob_operator  # noqa: F401  (registers the handlers)
+
+
+def peering_priority(priority: int | None, *, standalone: bool) -> int:
+    """The given priority, else a random one when peering: kopf pauses every peer that shares
+    the highest priority, so the replicas of a Deployment must not tie."""
+    if priority is not None:
+        return priority
+    return 0 if standalone else random.randrange(1, 2**31)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,7 +38,11 @@ def main(argv: list[str] | None = None) -> None:
         "--standalone", action="store_true", help="no peering: for a single replica"
     )
     parser.add_argument(
-        "--priority", type=int, default=0, help="peering priority; the highest acts"
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority; the highest acts (default: a random one, so that replicas of "
+        "a Deployment never tie: kopf pauses every peer sharing the highest priority)",
     )
     parser.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8081/healthz")
     parser.add_argument("--verbose", action="store_true")
@@ -41,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     kopf.run(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
-        priority=args.priority,
+        priority=peering_priority(args.priority, standalone=args.standalone),
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness,

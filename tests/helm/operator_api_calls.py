@@ -1,0 +1,139 @@
+"""Every Kubernetes API call the operator makes, by whom and why: the single list that the
+chart's RBAC must equal (test_helm_chart.py compares it with the rendered rules, both ways) and
+that a real run must not exceed (test_helm_cluster.py reads the API server's audit log).
+
+Change it together with the operator: a new call here without a rule fails the chart test, a
+rule without a call here fails it too, and a call the operator makes but this list lacks fails
+the run against the API server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: ``any``: both modes; ``cluster-wide``: only with ``watchNamespaces: []``; ``namespaced``:
+#: only with ``watchNamespaces: [a, b]``.
+Mode = Literal["any", "cluster-wide", "namespaced"]
+
+
+@dataclass(frozen=True)
+class Call:
+    group: str  # "" is the core group
+    resource: str  # "plural" or "plural/subresource"
+    verb: str
+    mode: Mode
+    #: ``watched``: objects in the watched namespaces (a Role each, or the ClusterRole);
+    #: ``cluster``: cluster-scoped objects (always a ClusterRole).
+    scope: Literal["watched", "cluster"]
+    #: True when the rule names the peering object only (``resourceNames``).
+    own_peering_only: bool
+    by: str  # where the call is made
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.group, self.resource, self.verb)
+
+
+def _calls(
+    group: str,
+    resource: str,
+    verbs: dict[str, str],
+    mode: Mode = "any",
+    scope: Literal["watched", "cluster"] = "watched",
+    own_peering_only_verbs: tuple[str, ...] = (),
+) -> list[Call]:
+    return [
+        Call(group, resource, verb, mode, scope, verb in own_peering_only_verbs, by)
+        for verb, by in verbs.items()
+    ]
+
+
+SJ = "strategyjob.dev"
+KOPF_PEERING_VERBS = {
+    "list": "kopf peering: lists the peering objects, then watches them (engines/peering.py)",
+    "watch": "kopf peering: sees the other operator pods and their priorities",
+    "patch": "kopf peering: keep-alive of this pod in its own peering object (peering.touch)",
+}
+
+CALLS: list[Call] = [
+    *_calls(
+        SJ,
+        "strategyjobs",
+        {
+            "get": "reconcile.Reconciler._reconcile: api.get(job_path) at the start of a pass",
+            "list": "kopf: the watch stream's initial listing (@kopf.on.event, @kopf.daemon)",
+            "watch": "kopf: the StrategyJob watch stream",
+            "patch": "kopf: the finalizer strategyjob.dev/operator and its handler state",
+            "delete": "reconcile: plan.delete_job when ttlSecondsAfterFinished has passed",
+        },
+    ),
+    *_calls(
+        SJ,
+        "strategyjobs/status",
+        {
+            "patch": "reconcile: the one status write per pass (merge patch); kopf's own "
+            "progress part of status"
+        },
+    ),
+    *_calls(
+        "",
+        "pods",
+        {
+            "list": "reconcile: the job's pods by label selector; kopf's initial listing",
+            "watch": "kopf: @kopf.on.event pods with the job-name label (wakes the job's loop)",
+            "create": "reconcile: the missing pods (children.missing_pods)",
+            "delete": "reconcile: plan.delete_pods (restarts, failures, cleanPodPolicy)",
+        },
+    ),
+    *_calls("", "services", {"create": "reconcile: the job's headless Service (409 kept)"}),
+    *_calls("", "events", {"create": "kube.KubeApi.post_event: the job's Events"}),
+    *_calls(
+        "kopf.dev",
+        "clusterkopfpeerings",
+        KOPF_PEERING_VERBS,
+        mode="cluster-wide",
+        scope="cluster",
+        own_peering_only_verbs=("patch",),
+    ),
+    *_calls(
+        "kopf.dev",
+        "kopfpeerings",
+        KOPF_PEERING_VERBS,
+        mode="namespaced",
+        own_peering_only_verbs=("patch",),
+    ),
+    *_calls(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        {
+            "list": "kopf resource observer (reactor/observation.py): initial CRD listing",
+            "watch": "kopf resource observer: re-scans the API when a CRD changes",
+        },
+        scope="cluster",
+    ),
+    *_calls(
+        "",
+        "namespaces",
+        {
+            "list": "kopf namespace observer: which watched namespaces exist (not when "
+            "cluster-wide)",
+            "watch": "kopf namespace observer: watched namespaces created or deleted later",
+        },
+        mode="namespaced",
+        scope="cluster",
+    ),
+]
+
+#: The calls kopf can do without (it logs a warning and falls back): granted by
+#: ``rbac.discovery`` (default true).
+DISCOVERY_RESOURCES = frozenset({"customresourcedefinitions", "namespaces"})
+
+
+def calls_for(mode: Literal["cluster-wide", "namespaced"], *, discovery: bool = True) -> list[Call]:
+    """The calls an operator in ``mode`` makes."""
+    return [
+        c
+        for c in CALLS
+        if c.mode in ("any", mode) and (discovery or c.resource not in DISCOVERY_RESOURCES)
+    ]
