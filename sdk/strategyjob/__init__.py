@@ -3,7 +3,8 @@
 Code written against ``tf.distribute`` ports by replacing ``tf.distribute`` with
 ``strategyjob``. The public names below are loaded lazily so that the torch-free
 parts of the package (``strategyjob.jobspec``, ``strategyjob.cluster_resolver``,
-``strategyjob.launcher``) can be imported by the operator without pulling in torch.
+``strategyjob.launcher``, ``strategyjob.client``) can be imported by the operator without
+pulling in torch.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ _PUBLIC: dict[str, str] = {
 }
 
 _SUBMODULES = {
+    "client",
     "cluster_resolver",
     "compat",
     "errors",

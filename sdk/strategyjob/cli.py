@@ -1,14 +1,20 @@
-"""The ``strategyjob`` command line. Subcommands: ``run`` (local launcher); later
-issues add cluster commands (``submit``, ``list``, ...) as further subparsers."""
+"""The ``strategyjob`` command line. ``run`` is the local launcher; ``submit``, ``list``,
+``status``, ``logs`` and ``delete`` work on a cluster through :mod:`strategyjob.client`.
+
+Exit codes: 0 done, 1 the cluster refused or the job failed (one line on stderr, never a
+traceback), 2 bad input (usage, an unreadable manifest), 130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from strategyjob import __version__
-from strategyjob.errors import StrategyJobError
+from strategyjob.errors import ClusterError, JobFailedError, StrategyJobError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +49,74 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not show the live status line (it is shown only on a terminal anyway)",
     )
     run.set_defaults(handler=_run)
+    _add_cluster_commands(commands)
     return parser
+
+
+def _add_cluster_commands(commands: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-n", "--namespace", help="the namespace (default: the kubeconfig context's)"
+    )
+    common.add_argument(
+        "--kubeconfig", help="the kubeconfig (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    common.add_argument("--context", help="the kubeconfig context (default: the current one)")
+
+    submit = commands.add_parser(
+        "submit",
+        parents=[common],
+        help="create a StrategyJob on the cluster from a manifest",
+        description="Create the StrategyJob of FILE (- reads stdin); the API server checks it.",
+    )
+    submit.add_argument("manifest", metavar="FILE", help="the StrategyJob manifest (YAML)")
+    submit.set_defaults(handler=_submit)
+
+    list_ = commands.add_parser("list", parents=[common], help="list the namespace's StrategyJobs")
+    list_.set_defaults(handler=_list)
+
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="show a job's state, replicas, progress and conditions",
+        description=(
+            "Show a job's state, progress, replicas (phase, restarts) and conditions. With "
+            "--watch, redraw until the job finishes (exit 0 if it succeeded, 1 if it "
+            "failed) or Ctrl-C."
+        ),
+    )
+    status.add_argument("name", metavar="NAME")
+    status.add_argument("-w", "--watch", action="store_true", help="redraw until it finishes")
+    status.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="time between redraws with --watch (default: 2)",
+    )
+    status.set_defaults(handler=_status)
+
+    logs = commands.add_parser(
+        "logs",
+        parents=[common],
+        help="print a job's logs, all replicas prefixed, or one replica's",
+        description=(
+            "Print the logs of every replica, interleaved in time with [worker-1] prefixes, "
+            "or of one replica with --replica."
+        ),
+    )
+    logs.add_argument("name", metavar="NAME")
+    logs.add_argument("--replica", metavar="TYPE-INDEX", help="one replica, e.g. worker-1")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing until the containers end"
+    )
+    logs.set_defaults(handler=_logs)
+
+    delete = commands.add_parser(
+        "delete", parents=[common], help="delete a StrategyJob (its pods go with it)"
+    )
+    delete.add_argument("name", metavar="NAME")
+    delete.set_defaults(handler=_delete)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -55,17 +128,120 @@ def _run(args: argparse.Namespace) -> int:
     return run_file(args.manifest, options)
 
 
+def _client(args: argparse.Namespace) -> Any:
+    from strategyjob.client import StrategyJobClient
+
+    return StrategyJobClient(
+        kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace
+    )
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from strategyjob.jobspec import read_manifest_file, read_manifest_text
+
+    if args.manifest == "-":
+        manifest = read_manifest_text(sys.stdin.read(), "stdin")
+    else:
+        manifest = read_manifest_file(args.manifest)
+    with _client(args) as client:
+        job = client.create(manifest, namespace=args.namespace)
+    print(
+        f"StrategyJob {job.name} created in namespace {job.namespace}. "
+        f"Watch it: strategyjob status {job.name} -n {job.namespace} --watch"
+    )
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from strategyjob.client._format import jobs_table
+
+    with _client(args) as client:
+        jobs = client.list()
+        namespace = client.namespace
+    if not jobs:
+        print(f"No StrategyJobs in namespace {namespace}.", file=sys.stderr)
+        return 0
+    print(jobs_table(jobs))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from strategyjob.client._format import status_report
+
+    with _client(args) as client:
+        redraw = args.watch and sys.stdout.isatty()
+        last = None
+        while True:
+            job = client.get(args.name)
+            report = status_report(job, client.replicas(args.name))
+            if redraw:
+                sys.stdout.write("\x1b[H\x1b[2J" + report + "\n")  # home, clear screen
+                sys.stdout.flush()
+            elif report != last:
+                print(report if last is None else "\n" + report, flush=True)
+            last = report
+            if not args.watch:
+                return 0
+            if job.finished:
+                return 0 if job.state == "Succeeded" else 1
+            time.sleep(max(args.interval, 0.1))
+
+
+def _logs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.replica:
+            out = client.logs(args.name, replica=args.replica, follow=args.follow)
+            if isinstance(out, str):
+                sys.stdout.write(out)
+            else:
+                for line in out:
+                    print(line, flush=True)
+            return 0
+        failed, printed = set(), set()
+        for line in client.iter_logs(args.name, follow=args.follow):
+            if line.error:
+                failed.add(line.replica)
+                print(f"strategyjob logs: [{line.replica}] {line.text}", file=sys.stderr)
+            else:
+                printed.add(line.replica)
+                print(f"[{line.replica}] {line.text}", flush=args.follow)
+        return 1 if failed and not printed else 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.delete(args.name)
+        namespace = client.namespace
+    print(f"StrategyJob {args.name} deleted from namespace {namespace}.")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``strategyjob`` console script and ``python -m strategyjob``."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
+    except (ClusterError, JobFailedError) as e:
+        # The cluster refused, could not be reached, or the job failed: one line, no trace.
+        print(f"strategyjob {args.command}: error: {_one_line(str(e))}", file=sys.stderr)
+        return 1
     except StrategyJobError as e:
         # Bad input: one clear message per problem, nothing was started.
         for line in str(e).splitlines():
             print(f"strategyjob {args.command}: error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`strategyjob logs NAME | head`): not an error of ours.
+        sys.stdout = None  # type: ignore[assignment]  # no flush error at exit
+        return 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

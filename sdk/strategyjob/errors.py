@@ -38,3 +38,32 @@ class CancelledError(OpError):
 
 class PermissionDeniedError(OpError):
     """A server refused a call: the job's token (``STRATEGYJOB_TOKEN``) is missing or wrong."""
+
+
+class ClusterError(StrategyJobError):
+    """The Kubernetes API server refused a request of :mod:`strategyjob.client`, or could
+    not be reached. The message is one line fit for a terminal; ``status`` is the HTTP
+    status (None when no answer came) and ``reason`` Kubernetes' reason (``NotFound``,
+    ``Forbidden``, ``Invalid``, ``AlreadyExists``, ..., or ``Unreachable``)."""
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class JobNotFoundError(ClusterError):
+    """The StrategyJob (or the replica's pod) does not exist (HTTP 404)."""
+
+
+class JobFailedError(StrategyJobError):
+    """A StrategyJob being waited for failed; ``reason`` and ``message`` come from its
+    ``Failed`` condition (e.g. ``BackoffLimitExceeded`` and which replica exited how)."""
+
+    def __init__(self, name: str, namespace: str, reason: str, message: str) -> None:
+        detail = message or "no message in its Failed condition"
+        super().__init__(f"StrategyJob {name} in namespace {namespace} failed ({reason}): {detail}")
+        self.name = name
+        self.namespace = namespace
+        self.reason = reason
+        self.message = message

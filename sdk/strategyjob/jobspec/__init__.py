@@ -4,6 +4,8 @@ Shared by ``strategyjob run`` and the operator; imports neither torch nor kopf.
 
     job = load_manifest(yaml.safe_load(text))      # raises ManifestError
     env = replica_env(job, "worker", 1, cluster_for_kubernetes(job))
+    job = StrategyJob.build("mnist", strategy=..., image=..., command=[...])
+    job.to_manifest()                               # the YAML a user would write
 """
 
 from strategyjob.jobspec import _messages as messages
@@ -26,7 +28,13 @@ from strategyjob.jobspec._env import (
     tf_config,
     training_container,
 )
-from strategyjob.jobspec._load import ManifestError, load_manifest, load_manifest_file
+from strategyjob.jobspec._load import (
+    ManifestError,
+    load_manifest,
+    load_manifest_file,
+    read_manifest_file,
+    read_manifest_text,
+)
 from strategyjob.jobspec._messages import format_value
 from strategyjob.jobspec._model import (
     API_VERSION,
@@ -92,6 +100,8 @@ __all__ = [
     "load_manifest",
     "load_manifest_file",
     "messages",
+    "read_manifest_file",
+    "read_manifest_text",
     "replica_env",
     "success_replicas",
     "tf_config",

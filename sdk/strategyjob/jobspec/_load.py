@@ -185,11 +185,11 @@ def load_manifest(obj: Any) -> StrategyJob:
     )
 
 
-def load_manifest_file(path: str | Path) -> StrategyJob:
-    """Read a YAML (or JSON) manifest file and validate it. A missing or unreadable
-    file, or invalid YAML, raises :class:`ManifestError` naming the file."""
-    import yaml  # local: only file loading needs PyYAML
-
+def read_manifest_file(path: str | Path) -> dict[str, Any]:
+    """Read the one YAML (or JSON) document of a manifest file without validating it, for
+    callers that let the API server judge it (``strategyjob submit``). A missing or
+    unreadable file, invalid YAML, or not exactly one document raises :class:`ManifestError`
+    naming the file."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -199,6 +199,14 @@ def load_manifest_file(path: str | Path) -> StrategyJob:
         ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ManifestError([f"{path}: cannot read the manifest ({e})."], str(path)) from None
+    return read_manifest_text(text, str(path))
+
+
+def read_manifest_text(text: str, source: str = "manifest") -> dict[str, Any]:
+    """Parse the one YAML document of a manifest without validating it; problems name
+    ``source`` (a file name, or ``manifest`` for a string)."""
+    import yaml  # local: only reading YAML needs PyYAML
+
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:
@@ -208,18 +216,26 @@ def load_manifest_file(path: str | Path) -> StrategyJob:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ManifestError(
-            [f"{path}: invalid YAML{where}: {problem}. Fix the YAML syntax."], str(path)
+            [f"{source}: invalid YAML{where}: {problem}. Fix the YAML syntax."], source
         ) from None
     if len(documents) != 1:
         raise ManifestError(
             [
-                f"{path}: expected one YAML document with a StrategyJob "
+                f"{source}: expected one YAML document with a StrategyJob "
                 f"(got {len(documents)}). Put one StrategyJob in the file."
             ],
-            str(path),
+            source,
         )
+    return documents[0]
+
+
+def load_manifest_file(path: str | Path) -> StrategyJob:
+    """Read a YAML (or JSON) manifest file and validate it. A missing or unreadable
+    file, or invalid YAML, raises :class:`ManifestError` naming the file."""
+    path = Path(path)
+    document = read_manifest_file(path)
     try:
-        return load_manifest(documents[0])
+        return load_manifest(document)
     except ManifestError as e:
         raise ManifestError([f"{path}: {p}" for p in e.problems], str(path)) from None
 

@@ -6,7 +6,7 @@ One definition of the fields, their defaults and their allowed values, read by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,3 +120,78 @@ class StrategyJob:
     def pod_name(self, replica_type: str, index: int) -> str:
         """``<job>-<type>-<index>``: the pod's name and hostname."""
         return f"{self.name}-{replica_type}-{index}"
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The manifest a user would write for this job (fields at their defaults left
+        out); ``load_manifest(job.to_manifest()) == job``."""
+        from strategyjob.jobspec._render import to_manifest
+
+        return to_manifest(self)
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        *,
+        strategy: str,
+        image: str,
+        command: Sequence[str],
+        workers: int | None = None,
+        ps: int | None = None,
+        chief: bool | None = None,
+        evaluator: bool = False,
+        gpus_per_worker: int = 0,
+        env: Mapping[str, Any] | None = None,
+        namespace: str | None = None,
+        restart_policy: str | None = None,
+        resources: Mapping[str, Any] | None = None,
+        backoff_limit: int | None = None,
+        active_deadline_seconds: int | None = None,
+        ttl_seconds_after_finished: int | None = None,
+        clean_pod_policy: str | None = None,
+        success_policy: str | None = None,
+        port: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> StrategyJob:
+        """A job for the common case, without writing YAML: one image, one ``command``.
+
+        Every replica gets a container named ``strategyjob`` with ``image``, ``env`` and
+        ``resources``. ``workers`` defaults to 2 (1 for the single-process strategies);
+        ``chief`` (None: only under ParameterServerStrategy) runs ``command`` too. Under
+        ParameterServerStrategy the chief is the coordinator running ``command``, the
+        workers and ``ps`` (default 1) replicas run ``python -m strategyjob.server``.
+        ``gpus_per_worker`` sets the ``nvidia.com/gpu`` limit of the replicas that
+        compute: the workers, and the chief except under ParameterServerStrategy. The
+        other keywords are the manifest's ``runPolicy``/``spec`` fields; None keeps the
+        default. Raises :class:`ManifestError` with the messages a manifest with the
+        same mistake gets.
+        """
+        from strategyjob.jobspec._load import load_manifest
+        from strategyjob.jobspec._render import build_manifest
+
+        return load_manifest(
+            build_manifest(
+                name,
+                strategy=strategy,
+                image=image,
+                command=command,
+                workers=workers,
+                ps=ps,
+                chief=chief,
+                evaluator=evaluator,
+                gpus_per_worker=gpus_per_worker,
+                env=env,
+                namespace=namespace,
+                restart_policy=restart_policy,
+                resources=resources,
+                backoff_limit=backoff_limit,
+                active_deadline_seconds=active_deadline_seconds,
+                ttl_seconds_after_finished=ttl_seconds_after_finished,
+                clean_pod_policy=clean_pod_policy,
+                success_policy=success_policy,
+                port=port,
+                labels=labels,
+                annotations=annotations,
+            )
+        )

@@ -1,0 +1,121 @@
+"""The CLI's cluster commands over a fake client: watch redraws and exit codes, log
+prefixes and per-replica errors, one-line errors. The real client is covered by
+tests/integration/test_k8s_client.py."""
+
+from __future__ import annotations
+
+import pytest
+from strategyjob import cli
+from strategyjob.client import LogLine, SubmittedJob
+from strategyjob.errors import ClusterError, JobNotFoundError
+
+
+def job(state, message=""):
+    conditions = [{"type": state, "status": "True", "reason": f"R{state}", "message": message}]
+    return SubmittedJob(
+        {
+            "metadata": {"name": "mnist", "namespace": "ml"},
+            "spec": {"strategy": "MultiWorkerMirroredStrategy", "replicaSpecs": {}},
+            "status": {"state": state, "conditions": conditions},
+        }
+    )
+
+
+class FakeClient:
+    namespace = "ml"
+
+    def __init__(self, states=(), lines=(), error=None):
+        self.states = list(states)
+        self.lines = list(lines)
+        self.error = error
+        self.closed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.closed = True
+
+    def get(self, name):
+        if self.error:
+            raise self.error
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def replicas(self, name):
+        return []
+
+    def iter_logs(self, name, follow=False):
+        yield from self.lines
+
+    def delete(self, name):
+        raise self.error
+
+
+@pytest.fixture
+def use(monkeypatch):
+    def install(fake):
+        monkeypatch.setattr(cli, "_client", lambda args: fake)
+        return fake
+
+    return install
+
+
+def test_status_watch_redraws_until_the_job_fails_and_exits_1(use, capsys):
+    fake = use(FakeClient([job("Created"), job("Running"), job("Running"), job("Failed", "x")]))
+    assert cli.main(["status", "mnist", "--watch", "--interval", "0"]) == 1
+    out = capsys.readouterr().out
+    # three different reports (the repeated Running one is not reprinted)
+    assert [line for line in out.splitlines() if line.startswith("state:")] == [
+        "state: Created   ready: -   restarts: 0   age: -",
+        "state: Running   ready: -   restarts: 0   age: -",
+        "state: Failed   ready: -   restarts: 0   age: -",
+    ]
+    assert fake.closed
+
+
+def test_status_watch_exits_0_on_success_and_status_alone_draws_once(use, capsys):
+    use(FakeClient([job("Running"), job("Succeeded")]))
+    assert cli.main(["status", "mnist", "-w", "--interval", "0"]) == 0
+    use(FakeClient([job("Running"), job("Succeeded")]))
+    assert cli.main(["status", "mnist"]) == 0
+    assert capsys.readouterr().out.count("state: Running") == 2
+
+
+def test_logs_prefix_each_replica_and_report_unreadable_ones(use, capsys):
+    use(
+        FakeClient(
+            lines=[
+                LogLine("ps-0", "pod mnist-ps-0 not found in namespace ml.", error=True),
+                LogLine("worker-0", "step 1"),
+                LogLine("worker-1", "step 1"),
+            ]
+        )
+    )
+    assert cli.main(["logs", "mnist"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "[worker-0] step 1\n[worker-1] step 1\n"
+    assert captured.err == "strategyjob logs: [ps-0] pod mnist-ps-0 not found in namespace ml.\n"
+
+    use(FakeClient(lines=[LogLine("worker-0", "cannot read", error=True)]))
+    assert cli.main(["logs", "mnist"]) == 1  # nothing could be read at all
+
+
+def test_cluster_errors_are_one_line_exit_1(use, capsys):
+    use(FakeClient(error=JobNotFoundError("StrategyJob mnist not found in namespace ml.")))
+    assert cli.main(["delete", "mnist"]) == 1
+    assert capsys.readouterr().err == (
+        "strategyjob delete: error: StrategyJob mnist not found in namespace ml.\n"
+    )
+    use(FakeClient(error=ClusterError("forbidden:\n  you may not")))
+    assert cli.main(["status", "mnist"]) == 1
+    assert capsys.readouterr().err == "strategyjob status: error: forbidden: you may not\n"
+
+
+def test_ctrl_c_ends_a_watch_quietly_with_130(use, capsys):
+    class Interrupted(FakeClient):
+        def get(self, name):
+            raise KeyboardInterrupt
+
+    use(Interrupted([job("Running")]))
+    assert cli.main(["status", "mnist", "--watch"]) == 130
+    assert "Traceback" not in capsys.readouterr().err
