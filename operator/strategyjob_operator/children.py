@@ -1,4 +1,8 @@
-"""The children a StrategyJob should have: one headless Service and one Pod per replica.
+"""The children a StrategyJob should have: one headless Service and one Pod per replica,
+and the job's own security objects: a ServiceAccount whose Role allows only ``get`` and
+``patch`` on the leader's pod (where ``strategyjob.report`` publishes progress), a Secret
+with the job's token (``STRATEGYJOB_TOKEN``) and a NetworkPolicy that admits traffic only
+from the job's own pods.
 
 Pure functions of the job: names are deterministic (``<job>-<type>-<index>``), so an
 operator that restarts halfway through creating a job creates exactly the pods that are
@@ -58,6 +62,97 @@ def build_service(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[st
     }
 
 
+def _meta(job: jobspec.StrategyJob, name: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {c.LABEL_JOB_NAME: job.name},
+        "ownerReferences": [dict(owner)],
+    }
+
+
+def service_account_name(job: jobspec.StrategyJob) -> str:
+    """The job's ServiceAccount, Role, RoleBinding and NetworkPolicy share the job's name."""
+    return job.name
+
+
+def token_secret_name(job: jobspec.StrategyJob) -> str:
+    return f"{job.name}-token"
+
+
+def build_service_account(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The identity of the job's pods (unless a template names its own ServiceAccount)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(job, service_account_name(job), owner),
+    }
+
+
+def build_role(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """Least privilege for progress reports: ``get`` and ``patch`` on the leader's pod only
+    (the one pod whose annotation the operator reads); nothing on any other object."""
+    leader_pod = job.pod_name(*jobspec.leader(job))
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(job, service_account_name(job), owner),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["pods"],
+                "resourceNames": [leader_pod],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+
+
+def build_role_binding(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[str, Any]:
+    name = service_account_name(job)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(job, name, owner),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+    }
+
+
+def build_token_secret(
+    job: jobspec.StrategyJob, owner: Mapping[str, Any], token: str
+) -> dict[str, Any]:
+    """The job's token (random, drawn by the caller), read by its pods through
+    ``valueFrom.secretKeyRef``; owned by the job, so it goes with it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, token_secret_name(job), owner),
+        "type": "Opaque",
+        "stringData": {jobspec.TOKEN_SECRET_KEY: token},
+    }
+
+
+def build_network_policy(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """Ingress to the job's pods only from pods of the same job; egress unrestricted.
+
+    No port list: besides the job's port (rendezvous, gRPC), gloo and NCCL connect the
+    replicas on ports they choose at run time, so the job's pods must reach each other on
+    any port. Everything outside the job, on any port, is refused (where the cluster's
+    network plugin enforces NetworkPolicies)."""
+    selector = {"matchLabels": {c.LABEL_JOB_NAME: job.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, service_account_name(job), owner),
+        "spec": {
+            "podSelector": selector,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": selector}]}],
+        },
+    }
+
+
 def pod_labels(job: jobspec.StrategyJob, replica_type: str, index: int) -> dict[str, str]:
     labels = {
         c.LABEL_JOB_NAME: job.name,
@@ -70,9 +165,27 @@ def pod_labels(job: jobspec.StrategyJob, replica_type: str, index: int) -> dict[
 
 
 def _with_env(container: dict[str, Any], env: Mapping[str, str]) -> None:
-    """Set the injected variables, replacing any the template sets under the same names."""
+    """Set the injected variables, replacing any the template sets under the same names.
+
+    They come first: Kubernetes expands ``$(VAR)`` only from variables listed earlier, so
+    template values such as ``/ckpt/$(STRATEGYJOB_JOB_NAME)`` can use them (as they can
+    under ``strategyjob run``)."""
     kept = [e for e in container.get("env") or [] if e.get("name") not in env]
-    container["env"] = kept + [{"name": k, "value": v} for k, v in env.items()]
+    container["env"] = [{"name": k, "value": v} for k, v in env.items()] + kept
+
+
+def _with_token(container: dict[str, Any], job: jobspec.StrategyJob, position: int) -> None:
+    """``STRATEGYJOB_TOKEN`` from the job's Secret, right after the injected variables
+    (replacing one the template sets)."""
+    entry = {
+        "name": jobspec.ENV_TOKEN,
+        "valueFrom": {
+            "secretKeyRef": {"name": token_secret_name(job), "key": jobspec.TOKEN_SECRET_KEY}
+        },
+    }
+    env = [e for e in container.get("env") or [] if e.get("name") != jobspec.ENV_TOKEN]
+    env.insert(min(position, len(env)), entry)
+    container["env"] = env
 
 
 def _with_port(container: dict[str, Any], port: int) -> None:
@@ -108,10 +221,13 @@ def build_pod(
     priority_class = job.run_policy.scheduling_policy.priority_class
     if priority_class and not pod_spec.get("priorityClassName"):
         pod_spec["priorityClassName"] = priority_class
+    if not pod_spec.get("serviceAccountName") and not pod_spec.get("serviceAccount"):
+        pod_spec["serviceAccountName"] = service_account_name(job)
 
     container = jobspec.training_container({"spec": pod_spec})
     env = jobspec.replica_env(job, replica_type, index, cluster)
     _with_env(container, env)  # training_container returns the dict inside pod_spec
+    _with_token(container, job, len(env))
     _with_port(container, job.port)
 
     labels = {**(meta.get("labels") or {}), **pod_labels(job, replica_type, index)}

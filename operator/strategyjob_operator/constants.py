@@ -15,6 +15,10 @@ LABEL_REPLICA_INDEX = f"{GROUP}/replica-index"
 LABEL_JOB_ROLE = f"{GROUP}/job-role"
 ROLE_CHIEF = "chief"
 
+#: Annotation on the leader's pod where ``strategyjob.report`` publishes (JSON); the
+#: operator copies it into ``status.progress``.
+ANNOTATION_PROGRESS = f"{GROUP}/progress"
+
 #: Name of the container port the operator adds to the training container.
 PORT_NAME = "sjob-port"
 

@@ -137,6 +137,12 @@ class KubeApi:
         path = f"/api/v1/namespaces/{namespace}/{plural}"
         return f"{path}/{name}" if name else path
 
+    @staticmethod
+    def group_path(group_version: str, namespace: str, plural: str, name: str = "") -> str:
+        """Namespaced objects of a named API group, e.g. ``rbac.authorization.k8s.io/v1``."""
+        path = f"/apis/{group_version}/namespaces/{namespace}/{plural}"
+        return f"{path}/{name}" if name else path
+
     # --- verbs -----------------------------------------------------------------------------------
     async def get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""

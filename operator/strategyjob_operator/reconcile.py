@@ -7,6 +7,7 @@ that was not persisted and a crash at any point leaves a state the next pass fin
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 
 from strategyjob import jobspec
 
-from strategyjob_operator import children, decide, observe
+from strategyjob_operator import children, decide, observe, progress
 from strategyjob_operator import constants as c
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
 from strategyjob_operator.metrics import REGISTRY, Registry
@@ -100,10 +101,7 @@ class Reconciler:
         retry = None
         extra_events: list[decide.Event] = []
         if plan.ensure_service:
-            owner = children.owner_reference(job_obj)
-            await api.create(
-                api.core_path(namespace, "services"), children.build_service(job, owner)
-            )
+            await self._ensure_job_objects(job, job_obj)
         if plan.create:
             owner = children.owner_reference(job_obj)
             pods_to_create = children.missing_pods(job, owner, plan.create)
@@ -140,8 +138,19 @@ class Reconciler:
                 )
                 retry = CREATE_RETRY_SECONDS
 
-        if plan.status != status:
-            await api.merge_patch(api.job_path(namespace, name, "status"), {"status": plan.status})
+        new_status = plan.status
+        report = progress.leader_report(job, pods, job_obj["metadata"].get("uid"))
+        if report is not None:
+            new_status = progress.with_progress(
+                plan.status, progress.aggregate(report, status.get("progress"))
+            )
+        if new_status != status:
+            patch = dict(new_status)
+            if "progress" in new_status:  # dropped keys (e.g. a metric) must be nulled
+                patch["progress"] = progress.merge_patch(
+                    status.get("progress"), new_status["progress"]
+                )
+            await api.merge_patch(api.job_path(namespace, name, "status"), {"status": patch})
         await self._post_events(job_obj, (*plan.events, *extra_events), now)
         for metric in plan.metrics:
             self.metrics.inc(metric, namespace)
@@ -150,6 +159,29 @@ class Reconciler:
             return None
         delays = [d for d in (plan.requeue_after, retry) if d is not None]
         return min(delays) if delays else None
+
+    async def _ensure_job_objects(self, job: jobspec.StrategyJob, job_obj: dict[str, Any]) -> None:
+        """The job's headless Service and its security objects (ServiceAccount, Role,
+        RoleBinding, token Secret, NetworkPolicy), before its pods: all owned by the job,
+        created once (an existing one answers 409 and is kept, so the token stays)."""
+        api, ns = self.api, job.namespace
+        owner = children.owner_reference(job_obj)
+        rbac, net = "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"
+        token = secrets.token_urlsafe(32)
+        wanted = [
+            (api.core_path(ns, "services"), children.build_service(job, owner)),
+            (api.core_path(ns, "serviceaccounts"), children.build_service_account(job, owner)),
+            (api.group_path(rbac, ns, "roles"), children.build_role(job, owner)),
+            (api.group_path(rbac, ns, "rolebindings"), children.build_role_binding(job, owner)),
+            (api.core_path(ns, "secrets"), children.build_token_secret(job, owner, token)),
+            (api.group_path(net, ns, "networkpolicies"), children.build_network_policy(job, owner)),
+        ]
+        results = await bounded_gather(
+            [(lambda p=p, o=o: api.create(p, o)) for p, o in wanted], self.settings.max_in_flight
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:  # pods without their ServiceAccount or Secret would not start
+            raise errors[0]
 
     async def _invalid(
         self, job_obj: dict[str, Any], status: dict[str, Any], problem: str, now: datetime

@@ -50,6 +50,8 @@ _PUBLIC: dict[str, str] = {
     # parameter servers
     "ShardedVariable": ".ps.sharded_variable",
     "Server": ".ps._server",
+    # training progress (torch-free)
+    "report": "._progress",
 }
 
 _SUBMODULES = {

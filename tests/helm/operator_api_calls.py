@@ -29,6 +29,9 @@ class Call:
     #: True when the rule names the peering object only (``resourceNames``).
     own_peering_only: bool
     by: str  # where the call is made
+    #: True for a verb the operator holds only so that it may grant it to each job's Role
+    #: (RBAC refuses to create a Role with verbs its creator lacks); it never calls it.
+    delegated: bool = False
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -42,9 +45,10 @@ def _calls(
     mode: Mode = "any",
     scope: Literal["watched", "cluster"] = "watched",
     own_peering_only_verbs: tuple[str, ...] = (),
+    delegated: bool = False,
 ) -> list[Call]:
     return [
-        Call(group, resource, verb, mode, scope, verb in own_peering_only_verbs, by)
+        Call(group, resource, verb, mode, scope, verb in own_peering_only_verbs, by, delegated)
         for verb, by in verbs.items()
     ]
 
@@ -86,7 +90,41 @@ CALLS: list[Call] = [
             "delete": "reconcile: plan.delete_pods (restarts, failures, cleanPodPolicy)",
         },
     ),
+    *_calls(
+        "",
+        "pods",
+        {
+            "get": "never called: granted to each job's Role on its leader pod (progress)",
+            "patch": "never called: granted to each job's Role on its leader pod (progress)",
+        },
+        delegated=True,
+    ),
     *_calls("", "services", {"create": "reconcile: the job's headless Service (409 kept)"}),
+    *_calls(
+        "",
+        "serviceaccounts",
+        {"create": "reconcile._ensure_job_objects: the job's ServiceAccount (409 kept)"},
+    ),
+    *_calls(
+        "",
+        "secrets",
+        {"create": "reconcile._ensure_job_objects: the job's token Secret (409 kept)"},
+    ),
+    *_calls(
+        "rbac.authorization.k8s.io",
+        "roles",
+        {"create": "reconcile._ensure_job_objects: get/patch on the job's leader pod"},
+    ),
+    *_calls(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        {"create": "reconcile._ensure_job_objects: the job's Role to its ServiceAccount"},
+    ),
+    *_calls(
+        "networking.k8s.io",
+        "networkpolicies",
+        {"create": "reconcile._ensure_job_objects: ingress only from the job's own pods"},
+    ),
     *_calls("", "events", {"create": "kube.KubeApi.post_event: the job's Events"}),
     *_calls(
         "kopf.dev",

@@ -557,3 +557,87 @@ def test_suspend_is_ignored_locally_with_a_notice(tmp_path):
         "strategyjob: spec.runPolicy.suspend is true; strategyjob run ignores it and runs the job"
     )
     assert "[worker-0] ran" in lines
+
+
+def test_leaders_progress_reports_and_the_job_token(tmp_path):
+    """Only the leader's strategyjob.report counts (worker-1's are ignored); the final
+    output shows its last report, flushed at exit. Every replica gets the same fresh token."""
+    manifest = write_job(
+        tmp_path,
+        {
+            "worker": (
+                2,
+                """
+                import hashlib, os, strategyjob
+                token = os.environ["STRATEGYJOB_TOKEN"]
+                print("token", len(token) >= 32, hashlib.sha256(token.encode()).hexdigest())
+                first = os.environ["STRATEGYJOB_REPLICA_INDEX"] == "0"
+                for step in range(1, 5):
+                    strategyjob.report(step if first else 99, total_steps=4, loss=1 / step)
+                """,
+            )
+        },
+    )
+    results = [run_cli(manifest) for _ in range(2)]
+    digests = []
+    for result in results:
+        assert result.returncode == 0, result.stdout + result.stderr
+        tokens = {line.split()[-1] for line in result.stdout.splitlines() if " token True " in line}
+        assert len(tokens) == 1, result.stdout  # the same token for both replicas
+        digests.append(tokens.pop())
+        assert "strategyjob:   last progress report: step 4/4 (100%) loss=0.25" in result.stdout
+        assert "step 99" not in result.stdout
+    assert digests[0] != digests[1]  # a new token per job
+
+
+def test_progress_in_the_live_status_line(tmp_path):
+    go = tmp_path / "go"
+    manifest = write_job(
+        tmp_path,
+        {
+            "worker": (
+                1,
+                f"""
+                import os, time, strategyjob
+                strategyjob.report(3, total_steps=4, loss=0.5)
+                deadline = time.monotonic() + 30
+                while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:
+                    time.sleep(0.05)  # until the test has seen the status line
+                """,
+            )
+        },
+    )
+    leader, follower = pty.openpty()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest)],
+        stdout=follower,
+        stderr=follower,
+        env=cli_env(),
+    )
+    os.close(follower)
+    screen = ""
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if not ready:
+                continue
+            try:
+                data = os.read(leader, 4096)
+            except OSError:
+                break
+            if not data:
+                break
+            screen += data.decode()
+            if "step 3/4 (75%) loss=0.5" in screen:
+                go.touch()
+    finally:
+        go.touch()
+        os.close(leader)
+        launcher.wait(timeout=30)
+    assert launcher.returncode == 0
+    assert "running 1, succeeded 0, failed 0, elapsed " in screen
+    status_lines = [s for s in screen.split("\r\x1b[K") if "step 3/4 (75%) loss=0.5" in s]
+    assert any(
+        s.startswith("strategyjob: demo [MultiWorkerMirroredStrategy]") for s in status_lines
+    )

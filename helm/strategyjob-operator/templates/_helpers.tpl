@@ -118,13 +118,24 @@ the two identical.
   resources: [strategyjobs/status]
   verbs: [patch]
 # The job's pods: kopf watches them (wake-ups), the reconciler lists them by label, creates the
-# missing ones and deletes them on restarts and failures.
+# missing ones and deletes them on restarts and failures. get and patch are never called: each
+# job's Role grants them on the job's leader pod (progress reports), and RBAC lets the operator
+# grant only verbs it holds itself; holding them is narrower than the escalate and bind verbs.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
-# The job's headless Service (created once; an existing one answers 409 and is kept).
+  verbs: [list, watch, create, delete, get, patch]
+# The job's headless Service, ServiceAccount and token Secret (created once; an existing one
+# answers 409 and is kept). The operator never reads Secrets.
 - apiGroups: [""]
-  resources: [services]
+  resources: [services, serviceaccounts, secrets]
+  verbs: [create]
+# The job's Role (get and patch on its leader pod) and the RoleBinding to its ServiceAccount.
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create]
+# The job's NetworkPolicy: ingress only from the job's own pods.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
   verbs: [create]
 # The job's Events (the reconciler posts its own; kopf's posting is off).
 - apiGroups: [""]

@@ -20,6 +20,16 @@ ENV_NAMESPACE = "STRATEGYJOB_NAMESPACE"
 ENV_STRATEGY = "STRATEGYJOB_STRATEGY"
 ENV_REPLICA_TYPE = "STRATEGYJOB_REPLICA_TYPE"
 ENV_REPLICA_INDEX = "STRATEGYJOB_REPLICA_INDEX"
+ENV_POD_NAME = "STRATEGYJOB_POD_NAME"
+
+#: The job's shared secret, checked by the parameter-server gRPC servers
+#: (``strategyjob.ps._transport.TOKEN_ENV``). Not part of :func:`replica_env`: the operator
+#: injects it from the job's Secret (``valueFrom.secretKeyRef``, key :data:`TOKEN_SECRET_KEY`)
+#: so the value never appears in a pod spec, and ``strategyjob run`` sets a fresh one per job.
+ENV_TOKEN = "STRATEGYJOB_TOKEN"
+TOKEN_SECRET_KEY = "token"
+#: Under ``strategyjob run``: the file the leader's ``strategyjob.report`` appends to.
+ENV_PROGRESS_FILE = "STRATEGYJOB_PROGRESS_FILE"
 
 #: Replica types that take part in training collectives and get a torch rank.
 TRAINING_REPLICA_TYPES = ("chief", "worker")
@@ -108,6 +118,7 @@ def replica_env(
         ENV_STRATEGY: job.strategy,
         ENV_REPLICA_TYPE: replica_type,
         ENV_REPLICA_INDEX: str(index),
+        ENV_POD_NAME: job.pod_name(replica_type, index),
     }
     if replica_type in TRAINING_REPLICA_TYPES:
         num_chief = job.num_replicas("chief")

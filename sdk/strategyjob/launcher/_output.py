@@ -3,8 +3,9 @@ index, and (on a TTY) one live status line kept below them."""
 
 from __future__ import annotations
 
+import json
 import threading
-from typing import TextIO
+from typing import Any, TextIO
 
 _CLEAR_LINE = "\r\x1b[K"
 
@@ -64,3 +65,50 @@ def format_elapsed(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{seconds:.1f}s"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_report(record: dict[str, Any] | None) -> str:
+    """A progress report of ``strategyjob.report`` as ``step 50/200 (25%) loss=0.31``."""
+    if not record:
+        return ""
+    step, total = record.get("step"), record.get("totalSteps")
+    text = f"step {step}"
+    if total:
+        text += f"/{total} ({min(100.0, 100.0 * step / total):.0f}%)"
+    metrics = record.get("metrics") or {}
+    return " ".join([text, *(f"{k}={_short(v)}" for k, v in metrics.items())])
+
+
+class ProgressFile:
+    """Reads the JSON lines the leader's ``strategyjob.report`` appends; keeps the last."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+        self.last: dict[str, Any] | None = None
+
+    def poll(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+                self._offset = f.tell()
+        except OSError:
+            return self.last
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()  # an unfinished line waits for the next poll
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                self.last = record
+        return self.last

@@ -131,10 +131,12 @@ def build_launches(
     cluster: Mapping[str, list[str]],
     base_env: Mapping[str, str] | None = None,
     warn: Any = None,
+    job_env: Mapping[str, str] | None = None,
 ) -> list[ReplicaLaunch]:
     """The process of every replica: the training container's command and args
     (``$(VAR)`` expanded; ``python`` is this interpreter), its plain env values plus
-    :func:`replica_env`, run in ``workdir``."""
+    :func:`replica_env` and ``job_env`` (what the launcher adds for the whole job: its
+    token and progress file), run in ``workdir``."""
     check_runnable(job)
     base = dict(os.environ if base_env is None else base_env)
     for name in _CLEARED_ENV:
@@ -143,7 +145,7 @@ def build_launches(
     for replica_type, index in job.replicas():
         spec = job.replica_specs[replica_type]
         container = training_container(spec.template)
-        injected = replica_env(job, replica_type, index, cluster)
+        injected = {**replica_env(job, replica_type, index, cluster), **(job_env or {})}
         container_env: dict[str, str] = {}
         for entry in container.get("env") or []:
             if "value" not in entry and "valueFrom" in entry:

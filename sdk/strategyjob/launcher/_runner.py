@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -12,9 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from strategyjob.jobspec import TRAINING_REPLICA_TYPES, StrategyJob, load_manifest_file
+from strategyjob.jobspec import (
+    ENV_PROGRESS_FILE,
+    ENV_TOKEN,
+    TRAINING_REPLICA_TYPES,
+    StrategyJob,
+    load_manifest_file,
+)
 from strategyjob.launcher._decision import Decision, Phase, ReplicaKey, decide, replica_name
-from strategyjob.launcher._output import Console, format_elapsed
+from strategyjob.launcher._output import Console, ProgressFile, format_elapsed, format_report
 from strategyjob.launcher._plan import ReplicaLaunch, build_launches, check_runnable, local_cluster
 from strategyjob.launcher._supervisor import LocalProcessSupervisor
 
@@ -74,9 +83,24 @@ class _JobRun:
         self.started = time.monotonic()
         self.restarts = 0
         self.interrupt: int | None = None
+        # What the launcher adds for the whole job, as the operator does in a cluster: a
+        # fresh token (the ps servers refuse calls without it) and where the leader's
+        # strategyjob.report writes (read back for the status line).
+        self.progress_dir = tempfile.mkdtemp(prefix=f"strategyjob-{job.name}-")
+        self.progress = ProgressFile(str(Path(self.progress_dir) / "progress.jsonl"))
+        self.job_env = {
+            ENV_TOKEN: secrets.token_urlsafe(32),
+            ENV_PROGRESS_FILE: self.progress.path,
+        }
 
     # -- top level ------------------------------------------------------------------------------
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            shutil.rmtree(self.progress_dir, ignore_errors=True)
+
+    def _run(self) -> int:
         with self._signals_stop_the_job():
             try:
                 return self._run_attempts()
@@ -124,7 +148,9 @@ class _JobRun:
 
     def _start_all(self) -> dict[ReplicaKey, ReplicaLaunch]:
         cluster = local_cluster(self.job)
-        launches = build_launches(self.job, self.workdir, cluster, warn=self.say)
+        launches = build_launches(
+            self.job, self.workdir, cluster, warn=self.say, job_env=self.job_env
+        )
         addresses = ", ".join(
             f"{launch.name} ({cluster[launch.replica_type][launch.index]})" for launch in launches
         )
@@ -145,8 +171,12 @@ class _JobRun:
     # -- endings --------------------------------------------------------------------------------
     def _finish_succeeded(self, decision: Decision) -> int:
         # Other workers usually finish within moments of the leader; give them time
-        # to write their last output, then stop what is left (ps, evaluator).
-        training = [k for k in self.supervisor.running() if k[0] in TRAINING_REPLICA_TYPES]
+        # to write their last output, then stop what is left (ps, evaluator, and the
+        # workers of ParameterServerStrategy, which serve until stopped).
+        finishing = TRAINING_REPLICA_TYPES
+        if self.job.strategy == "ParameterServerStrategy":
+            finishing = ("chief",)
+        training = [k for k in self.supervisor.running() if k[0] in finishing]
         deadline = time.monotonic() + self.options.finish_timeout
         while training and time.monotonic() < deadline:
             self._check_interrupt()
@@ -169,6 +199,7 @@ class _JobRun:
         if self.restarts:
             summary += f"; {self.restarts} restarts"
         self.say(summary + ")")
+        self._say_progress()
         for failure in late_failures:
             self.say(f"  after success: {failure}")
         return 0
@@ -177,6 +208,7 @@ class _JobRun:
         stopped = self.supervisor.stop(grace=self.options.grace_period)
         self.console.clear_status()
         self.say(f"job {self.job.name} failed after {self.elapsed()}: {decision.reason}")
+        self._say_progress()
         for failure in decision.failures[1:]:
             self.say(f"  then: {failure.describe()}")
         if stopped:
@@ -199,10 +231,17 @@ class _JobRun:
         succeeded = sum(1 for e in exits.values() if e.succeeded)
         failed = len(exits) - succeeded
         restarts = f", restarts {self.restarts}" if self.restarts else ""
+        report = format_report(self.progress.poll())
         self.console.status(
             f"{_PREFIX} {self.job.name} [{self.job.strategy}] running {running}, "
             f"succeeded {succeeded}, failed {failed}{restarts}, elapsed {self.elapsed()}"
+            + (f", {report}" if report else "")
         )
+
+    def _say_progress(self) -> None:
+        report = format_report(self.progress.poll())
+        if report:
+            self.say(f"  last progress report: {report}")
 
     def _check_interrupt(self) -> None:
         if self.interrupt is not None:

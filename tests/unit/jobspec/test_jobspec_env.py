@@ -73,6 +73,7 @@ def test_env_of_each_replica_type(ps_job, replica_type, index, rank):
         "STRATEGYJOB_STRATEGY": "ParameterServerStrategy",
         "STRATEGYJOB_REPLICA_TYPE": replica_type,
         "STRATEGYJOB_REPLICA_INDEX": str(index),
+        "STRATEGYJOB_POD_NAME": f"mnist-{replica_type}-{index}",
     }
     if rank is not None:
         expected.update(RANK=rank, WORLD_SIZE="3")

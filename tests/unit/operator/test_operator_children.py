@@ -63,11 +63,20 @@ def test_pod_is_named_addressed_labelled_and_owned():
             "blockOwnerDeletion": True,
         }
     ]
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    entries = pod["spec"]["containers"][0]["env"]
+    env = {e["name"]: e["value"] for e in entries if "value" in e}
     assert env == {
         "A": "1",
         **jobspec.replica_env(j, "worker", 1, jobspec.cluster_for_kubernetes(j)),
     }
+    token = [e for e in entries if e["name"] == "STRATEGYJOB_TOKEN"]
+    assert token == [
+        {
+            "name": "STRATEGYJOB_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "mnist-token", "key": "token"}},
+        }
+    ]
+    assert pod["spec"]["serviceAccountName"] == "mnist"
     assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 2222
 
@@ -96,3 +105,87 @@ def test_operator_never_imports_torch():
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+def test_security_objects_are_owned_and_least_privilege():
+    j = make_job()
+    owner = children.owner_reference(OWNER)
+    sa = children.build_service_account(j, owner)
+    role = children.build_role(j, owner)
+    binding = children.build_role_binding(j, owner)
+    secret = children.build_token_secret(j, owner, "t0ken")
+    policy = children.build_network_policy(j, owner)
+    for obj in (sa, role, binding, secret, policy):
+        assert obj["metadata"]["ownerReferences"] == [owner]
+        assert obj["metadata"]["namespace"] == "ml"
+        assert obj["metadata"]["labels"] == {c.LABEL_JOB_NAME: "mnist"}
+    assert sa["metadata"]["name"] == "mnist"
+    # only get and patch, only on the leader's pod (the chief here)
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "resourceNames": ["mnist-chief-0"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "mnist",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mnist", "namespace": "ml"}]
+    assert secret["metadata"]["name"] == "mnist-token"
+    assert secret["stringData"] == {"token": "t0ken"}
+    same_job = {"matchLabels": {c.LABEL_JOB_NAME: "mnist"}}
+    assert policy["spec"] == {
+        "podSelector": same_job,
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": same_job}]}],
+    }
+
+
+def test_worker_zero_leads_without_a_chief_and_template_service_account_is_kept():
+    manifest = {
+        "apiVersion": "strategyjob.dev/v1alpha1",
+        "kind": "StrategyJob",
+        "metadata": {"name": "mw", "namespace": "ml"},
+        "spec": {
+            "strategy": "MultiWorkerMirroredStrategy",
+            "replicaSpecs": {
+                "worker": {
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "serviceAccountName": "mine",
+                            "containers": [
+                                {
+                                    "name": "strategyjob",
+                                    "image": "x",
+                                    "env": [{"name": "STRATEGYJOB_TOKEN", "value": "leak"}],
+                                }
+                            ],
+                        }
+                    },
+                }
+            },
+        },
+    }
+    j = jobspec.load_manifest(manifest)
+    owner = children.owner_reference({"metadata": {"name": "mw", "uid": "u"}})
+    assert children.build_role(j, owner)["rules"][0]["resourceNames"] == ["mw-worker-0"]
+    pod = children.build_pod(j, "worker", 1, owner, jobspec.cluster_for_kubernetes(j))
+    assert pod["spec"]["serviceAccountName"] == "mine"
+    env = pod["spec"]["containers"][0]["env"]
+    token = [e for e in env if e["name"] == "STRATEGYJOB_TOKEN"]
+    assert token == [
+        {
+            "name": "STRATEGYJOB_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "mw-token", "key": "token"}},
+        }
+    ]
+    names = [e["name"] for e in env]
+    # right after the injected variables, so $(STRATEGYJOB_TOKEN) is not needed earlier
+    assert names.index("STRATEGYJOB_TOKEN") == len(
+        jobspec.replica_env(j, "worker", 1, jobspec.cluster_for_kubernetes(j))
+    )

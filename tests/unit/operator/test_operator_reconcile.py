@@ -52,6 +52,7 @@ def pod(i, phase, exit_code=None):
 class FakeApi:
     job_path = staticmethod(KubeApi.job_path)
     core_path = staticmethod(KubeApi.core_path)
+    group_path = staticmethod(KubeApi.group_path)
 
     def __init__(self, job, pods):
         self.job, self.pods, self.calls = job, pods, []
@@ -88,7 +89,13 @@ def test_first_pass_creates_service_and_pods_then_writes_status_once_then_events
     api = FakeApi(job_obj(), [])
     run(api)
     assert api.calls == [
+        # the job's Service and security objects first (pods reference the last two)
         ("create", "Service", "j"),
+        ("create", "ServiceAccount", "j"),
+        ("create", "Role", "j"),
+        ("create", "RoleBinding", "j"),
+        ("create", "Secret", "j-token"),
+        ("create", "NetworkPolicy", "j"),
         ("create", "Pod", "j-worker-0"),
         ("create", "Pod", "j-worker-1"),
         ("patch", "status", "Created"),
@@ -112,4 +119,27 @@ def test_a_settled_job_costs_no_writes():
     assert ("patch", "status", "Running") in api.calls
     api.calls.clear()
     run(api)  # the same pods, the status the first pass wrote
+    assert api.calls == []
+
+
+def test_the_leaders_progress_annotation_reaches_the_status_once():
+    import json
+
+    leader = pod(0, "Running")
+    leader["metadata"]["annotations"] = {
+        "strategyjob.dev/progress": json.dumps(
+            {"step": 5, "totalSteps": 20, "metrics": {"loss": 0.5}, "time": "2026-01-01T11:59:00Z"}
+        )
+    }
+    api = FakeApi(job_obj(), [leader, pod(1, "Running")])
+    run(api)
+    assert api.job["status"]["progress"] == {
+        "step": 5,
+        "totalSteps": 20,
+        "percentage": 25.0,
+        "metrics": {"loss": 0.5},
+        "lastReportTime": "2026-01-01T11:59:00Z",
+    }
+    api.calls.clear()
+    run(api)  # the same report: no write
     assert api.calls == []
