@@ -5,17 +5,24 @@ Measures, with the operator running as it does in a cluster (its own process):
      the Service exist;
   2. 100 StrategyJobs with 8 workers each: seconds until all 800 pods and 100 Services exist;
   3. the operator's peak resident memory while it holds 1000 StrategyJobs.
-The last line compares (1) with TFJob's client-rate bound: its default 20 requests/s
-needs at least 1000 / 20 = 50 s for 1000 pods (100 s counting its Service per pod).
-Kubeflow's training-operator is not built here (a Go operator with its own module graph,
-out of scope), so the comparison is with that bound, not a measured TFJob run.
+
+With ``--tfjob-operator PATH`` (Kubeflow's training-operator v1 binary, built outside this
+repository as bench/README.md shows), the same run first times TFJob on the same control
+plane: one TFJob with 1000 workers and 100 TFJobs with 8 workers, each until all its pods and
+its Services (one per replica) exist, with the training-operator's default client rate limits.
+It then stops the training-operator, deletes its namespaces and runs (1)-(3); the last line is
+the measured ratio. Without it, the last line compares (1) with TFJob's client-rate bound: its
+default 20 requests/s needs at least 1000 / 20 = 50 s for 1000 pods (100 s counting its
+Service per pod).
 
     K8S_BIN_DIR=... PYTHONPATH=sdk:operator python bench/bench_operator.py [--quick]
+        [--tfjob-operator PATH [--tfjob-crd PATH] [--tfjob-timeout S] [--tfjob-skip-many]]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import importlib.util
 import json
 import os
@@ -23,6 +30,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -34,6 +42,16 @@ cp_mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cp_mod)
 
 TFJOB_QPS = 20
+SJOB_SELECTOR = "strategyjob.dev/job-name"
+
+# Kubeflow's training-operator v1 (TFJob). Its defaults, which this benchmark keeps:
+# --kube-api-qps 20, --kube-api-burst 30, --controller-threads 1, no gang scheduler.
+TF_SELECTOR = "training.kubeflow.org/job-name"
+TF_OPERATOR_NS = "kubeflow"  # where its webhook-certificate Secret lives (MY_POD_NAMESPACE)
+TF_SECRET = "training-operator-webhook-cert"  # its --webhook-secret-name default
+# Hard-coded in training-operator's pkg/cert: in a cluster the Secret above is mounted here.
+TF_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+TF_BUILD_HINT = "build it as bench/README.md ('TFJob side by side') shows"
 
 
 class Api:
@@ -88,6 +106,31 @@ def job(name: str, workers: int) -> dict:
     }
 
 
+def tfjob(name: str, workers: int) -> dict:
+    """The TFJob equivalent of :func:`job`: the same minimal pod template, in the container
+    TFJob treats as the training container (``tensorflow``)."""
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": name},
+        "spec": {
+            "tfReplicaSpecs": {
+                "Worker": {
+                    "replicas": workers,
+                    "restartPolicy": "Never",
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "tensorflow", "image": "train", "command": ["train"]}
+                            ]
+                        }
+                    },
+                }
+            }
+        },
+    }
+
+
 def create_namespace(api: Api, ns: str) -> None:
     api.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
 
@@ -97,14 +140,66 @@ def create_jobs(api: Api, ns: str, jobs: list[dict]) -> None:
         api.call("POST", f"/apis/strategyjob.dev/v1alpha1/namespaces/{ns}/strategyjobs", j)
 
 
+def create_tfjobs(api: Api, ns: str, jobs: list[dict]) -> None:
+    for j in jobs:
+        api.call("POST", f"/apis/kubeflow.org/v1/namespaces/{ns}/tfjobs", j)
+
+
+def poll_children(
+    api: Api,
+    ns: str,
+    selector: str,
+    pods: int,
+    services: int,
+    deadline: float,
+    interval: float = 0.1,
+) -> bool:
+    """Whether ``pods`` pods and ``services`` Services matching ``selector`` exist in ``ns``
+    before ``deadline`` (``time.monotonic()``)."""
+    while True:
+        if (
+            api.count(ns, "pods", selector) >= pods
+            and api.count(ns, "services", selector) >= services
+        ):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
 def wait_children(api: Api, ns: str, pods: int, services: int, timeout: float) -> None:
-    sel = "strategyjob.dev/job-name"
+    if not poll_children(api, ns, SJOB_SELECTOR, pods, services, time.monotonic() + timeout):
+        raise TimeoutError(f"{pods} pods / {services} services not created in {timeout:.0f}s")
+
+
+def delete_namespaces(api: Api, names: list[str], timeout: float) -> bool:
+    """Delete ``names`` and wait until they are gone; whether they went within ``timeout``."""
+    for ns in names:
+        api.call("DELETE", f"/api/v1/namespaces/{ns}")
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if api.count(ns, "pods", sel) >= pods and api.count(ns, "services", sel) >= services:
+    pending = list(names)
+    while pending and time.monotonic() < deadline:
+        try:
+            api.call("GET", f"/api/v1/namespaces/{pending[0]}")
+            time.sleep(0.5)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+            pending.pop(0)
+    return not pending
+
+
+def wait_established(cp, crd: str, timeout: float = 60.0) -> None:
+    """``kubectl wait`` for the CRD, retried: right after creation its status may not have
+    conditions yet, and kubectl then fails instead of waiting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}", check=False)
+        if proc.returncode == 0:
             return
-        time.sleep(0.1)
-    raise TimeoutError(f"{pods} pods / {services} services not created in {timeout:.0f}s")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"crd/{crd} not established: {proc.stderr.strip()}")
+        time.sleep(0.5)
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -114,10 +209,251 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def stop_process(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class TrainingOperator:
+    """Kubeflow's training-operator v1 as a local process, serving TFJob only.
+
+    It has no switch to turn off its webhook certificate management: at start it fills the
+    Secret ``kubeflow/training-operator-webhook-cert`` with a CA and a serving certificate,
+    then waits (about 17 minutes at most, then exits) until the certificate appears in
+    ``/tmp/k8s-webhook-server/serving-certs``, where a cluster mounts that Secret, before it
+    registers its controllers. This class plays the kubelet: it creates the empty Secret, waits
+    for the operator to fill it and writes the two files there. No
+    ValidatingWebhookConfiguration is installed, so the API server never calls its webhook
+    (the operator only logs that it found none to inject the CA into). Everything else is the
+    binary's default, client rate limits included.
+    """
+
+    def __init__(self, binary: Path, cp, api: Api) -> None:
+        self.binary, self.cp, self.api = binary, cp, api
+        self.proc: subprocess.Popen | None = None
+        self.log_path = cp.dir / "training-operator.log"
+        self._written: list[Path] = []
+        self._made_dirs: list[Path] = []
+
+    def start(self, timeout: float = 180.0) -> None:
+        if (TF_CERT_DIR / "tls.crt").exists():
+            raise RuntimeError(
+                f"{TF_CERT_DIR}/tls.crt already exists: another training-operator may be using "
+                "it (the path is hard-coded in it); remove it if it is stale"
+            )
+        create_namespace(self.api, TF_OPERATOR_NS)
+        self.api.call(
+            "POST",
+            f"/api/v1/namespaces/{TF_OPERATOR_NS}/secrets",
+            {"metadata": {"name": TF_SECRET}},
+        )
+        free = cp_mod.free_port
+        probe = free()
+        argv = [
+            str(self.binary),
+            f"--kubeconfig={self.cp.kubeconfig}",
+            "--enable-scheme=tfjob",
+            f"--metrics-bind-address=127.0.0.1:{free()}",
+            f"--health-probe-bind-address=127.0.0.1:{probe}",
+            f"--webhook-server-port={free()}",
+            "--leader-elect=false",
+        ]
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.cp.kubeconfig),
+            "MY_POD_NAMESPACE": TF_OPERATOR_NS,
+        }
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        secret = f"/api/v1/namespaces/{TF_OPERATOR_NS}/secrets/{TF_SECRET}"
+        while True:
+            self._check_alive(deadline, "fill its webhook-certificate Secret")
+            data = self.api.call("GET", secret).get("data") or {}
+            if "tls.crt" in data and "tls.key" in data:
+                break
+            time.sleep(0.2)
+        self._mount(data)
+        ready = urllib.request.Request(f"http://127.0.0.1:{probe}/readyz")
+        while True:
+            self._check_alive(deadline, "become ready")
+            try:
+                with urllib.request.urlopen(ready, timeout=2) as r:
+                    is_ready = r.status == 200
+            except OSError:
+                is_ready = False
+            if is_ready and b"Starting workers" in self.log_path.read_bytes():
+                return
+            time.sleep(0.3)
+
+    def _check_alive(self, deadline: float, what: str) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"training-operator exited with {self.proc.returncode}; log: {self.log_path}"
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"training-operator did not {what} in time; log: {self.log_path}")
+
+    def _mount(self, data: dict) -> None:
+        for d in (TF_CERT_DIR.parent, TF_CERT_DIR):
+            if not d.exists():
+                d.mkdir()
+                self._made_dirs.append(d)
+        for key in ("tls.crt", "tls.key"):
+            path = TF_CERT_DIR / key
+            path.write_bytes(base64.b64decode(data[key]))
+            self._written.append(path)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        for path in self._written:
+            path.unlink(missing_ok=True)
+        for d in reversed(self._made_dirs):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def time_tfjobs(
+    api: Api, ns: str, jobs: list[dict], pods: int, services: int, timeout: float
+) -> tuple[float, bool]:
+    """Seconds from creating ``jobs`` until their pods and Services exist (at most
+    ``timeout``), and whether they all did."""
+    create_namespace(api, ns)
+    start = time.monotonic()
+    create_tfjobs(api, ns, jobs)
+    done = poll_children(api, ns, TF_SELECTOR, pods, services, start + timeout, interval=0.5)
+    return time.monotonic() - start, done
+
+
+def run_tfjob(api: Api, cp, binary: Path, crd: Path, timeout: float, many: bool) -> dict:
+    """TFJob's figures on this control plane; the namespaces it used are deleted afterwards."""
+    proc = cp.kubectl("create", "-f", str(crd), check=False)  # too big for client-side apply
+    if proc.returncode != 0:
+        raise RuntimeError(f"cannot install {crd}: {proc.stderr.strip()}")
+    wait_established(cp, "tfjobs.kubeflow.org")
+    op = TrainingOperator(binary, cp, api)
+    results: dict = {}
+    namespaces = [TF_OPERATOR_NS]
+    try:
+        op.start()
+        print(
+            f"training-operator {binary} running (--enable-scheme=tfjob, default client rate "
+            "limits: --kube-api-qps 20 --kube-api-burst 30, --controller-threads 1)"
+        )
+        cases = [("one", "tf-one", [tfjob("big", 1000)], 1000, "1 TFJob x 1000 workers")]
+        if many:
+            jobs = [tfjob(f"j{i}", 8) for i in range(100)]
+            cases.append(("many", "tf-many", jobs, 800, "100 TFJobs x 8 workers"))
+        for key, ns, jobs, pods, label in cases:
+            namespaces.append(ns)
+            # TFJob v1 creates one Service per replica, named like its pod
+            seconds, done = time_tfjobs(api, ns, jobs, pods, pods, timeout)
+            n_pods = api.count(ns, "pods", TF_SELECTOR)
+            n_svc = api.count(ns, "services", TF_SELECTOR)
+            results[key] = (seconds, done)
+            if done:
+                print(
+                    f"{label}: all {n_pods} pods and {n_svc} services exist after {seconds:.2f} s"
+                )
+            else:
+                print(
+                    f"{label}: only {n_pods}/{pods} pods and {n_svc}/{pods} services after "
+                    f"{seconds:.0f} s (stopped waiting; the time is a lower bound)"
+                )
+                break  # the operator is still busy with this case; the next would queue behind it
+        held = sum(len(case[2]) for case in cases[: len(results)])
+        rss = peak_rss_mib(op.proc.pid)
+        print(f"training-operator peak RSS while holding {held} TFJobs: {rss:.0f} MiB")
+    finally:
+        op.stop()
+    t0 = time.monotonic()
+    gone = delete_namespaces(api, namespaces, timeout=300)
+    state = "deleted" if gone else "still deleting (continuing anyway)"
+    print(
+        f"TFJob namespaces {state} after {time.monotonic() - t0:.0f} s; training-operator stopped"
+    )
+    return results
+
+
+def fmt_ratio(name: str, ours: float, theirs: tuple[float, bool] | None) -> str:
+    if theirs is None:
+        return f"{name}: strategyjob={ours:.2f}s tfjob=not-run"
+    seconds, done = theirs
+    cmp = "=" if done else ">="
+    return (
+        f"{name}: strategyjob={ours:.2f}s tfjob{cmp}{seconds:.2f}s "
+        f"ratio{cmp}{seconds / ours:.1f} (tfjob/strategyjob)"
+    )
+
+
+def check_tfjob_args(args) -> str | None:
+    """Why the TFJob side cannot run, or None."""
+    binary = args.tfjob_operator
+    if not binary.is_file():
+        return f"--tfjob-operator {binary}: no such file; {TF_BUILD_HINT}"
+    if not os.access(binary, os.X_OK):
+        return f"--tfjob-operator {binary}: not executable"
+    if not args.tfjob_crd.is_file():
+        return (
+            f"--tfjob-crd {args.tfjob_crd}: no such file; copy manifests/base/crds/"
+            f"kubeflow.org_tfjobs.yaml from the training-operator module ({TF_BUILD_HINT})"
+        )
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="skip the 1000-job memory run")
+    env_op = os.environ.get("TFJOB_OPERATOR")
+    parser.add_argument(
+        "--tfjob-operator",
+        type=Path,
+        default=Path(env_op) if env_op else None,
+        metavar="PATH",
+        help="Kubeflow training-operator v1 binary: also time TFJob in the same run "
+        "(default: $TFJOB_OPERATOR)",
+    )
+    parser.add_argument(
+        "--tfjob-crd",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the TFJob CRD (kubeflow.org_tfjobs.yaml; default: $TFJOB_CRD, else next to "
+        "the binary)",
+    )
+    parser.add_argument(
+        "--tfjob-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds to wait for each TFJob case before reporting a lower bound (300)",
+    )
+    parser.add_argument(
+        "--tfjob-skip-many", action="store_true", help="TFJob: only the 1000-worker job"
+    )
     args = parser.parse_args()
+    if args.tfjob_operator is not None:
+        if args.tfjob_crd is None:
+            env_crd = os.environ.get("TFJOB_CRD")
+            args.tfjob_crd = (
+                Path(env_crd)
+                if env_crd
+                else args.tfjob_operator.parent / "kubeflow.org_tfjobs.yaml"
+            )
+        why = check_tfjob_args(args)
+        if why:
+            print(f"cannot run: {why}", file=sys.stderr)
+            return 2
     bin_dir, why = cp_mod.find_binaries()
     if bin_dir is None:
         print(f"cannot run: {why}", file=sys.stderr)
@@ -125,9 +461,19 @@ def main() -> int:
     cp = cp_mod.ControlPlane(bin_dir).start()
     op = None
     try:
-        cp.kubectl("apply", "-f", str(ROOT / "crds"))
-        cp.kubectl("wait", "--for=condition=Established", "crd/strategyjobs.strategyjob.dev")
         api = Api(cp)
+        tf = None
+        if args.tfjob_operator is not None:
+            tf = run_tfjob(
+                api,
+                cp,
+                args.tfjob_operator.resolve(),
+                args.tfjob_crd,
+                args.tfjob_timeout,
+                many=not args.tfjob_skip_many,
+            )
+        cp.kubectl("apply", "-f", str(ROOT / "crds"))
+        wait_established(cp, "strategyjobs.strategyjob.dev")
         env = {
             **os.environ,
             "KUBECONFIG": str(cp.kubeconfig),
@@ -168,16 +514,21 @@ def main() -> int:
             print(f"operator peak RSS while holding 101 jobs: {peak_rss_mib(op.pid):.0f} MiB")
 
         bound = 1000 / TFJOB_QPS
-        print(
-            f"TFJob client-rate bound for 1000 pods at {TFJOB_QPS} QPS: >= {bound:.0f} s "
-            f"(>= {2 * bound:.0f} s with its Service per pod); StrategyJob is "
-            f"{bound / one_job:.1f}x faster than that bound (training-operator not built here)"
-        )
+        if tf is None:
+            print(
+                f"TFJob client-rate bound for 1000 pods at {TFJOB_QPS} QPS: >= {bound:.0f} s "
+                f"(>= {2 * bound:.0f} s with its Service per pod); StrategyJob is "
+                f"{bound / one_job:.1f}x faster than that bound (pass --tfjob-operator to "
+                "measure TFJob)"
+            )
+            return 0
+        print(f"TFJob client-rate bound at {TFJOB_QPS} QPS: >= {2 * bound:.0f} s for 1000 pods")
+        if "many" in tf or not args.tfjob_skip_many:
+            print(fmt_ratio("100 jobs x 8 workers", many, tf.get("many")))
+        print(fmt_ratio("1 job x 1000 workers", one_job, tf["one"]))
         return 0
     finally:
-        if op is not None:
-            op.terminate()
-            op.wait(20)
+        stop_process(op)
         cp.stop()
 
 
