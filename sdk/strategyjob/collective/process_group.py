@@ -16,6 +16,7 @@ connect: refused means the process is gone), so a dead peer ends the step with
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import datetime
@@ -268,9 +269,21 @@ class CollectiveGroup:
                 world_size=m.world_size,
                 timeout=datetime.timedelta(seconds=self._timeout),
             )
+            atexit.register(self._shutdown)
         self._store = store
         self._pg = dist.distributed_c10d._get_default_group()
         self._sum_options = dist.AllreduceOptions()  # reduceOp defaults to SUM
+
+    def _shutdown(self) -> None:
+        """Tear the process group down while the interpreter is still alive: left to the
+        C++ destructors at exit, gloo's threads can abort the process ("terminate called
+        without an active exception") after the program has finished. A broken group is left
+        alone: its pending work could block the exit until the timeout."""
+        if self._state["broken"] is None and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self._pg = self._store = None
+        self._listener.close()
 
     def _backend(self) -> str:
         if (
