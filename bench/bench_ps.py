@@ -9,12 +9,20 @@ process. 20 warm-up steps, then ``--repeats`` windows of 200 scheduled steps; st
 median. The embedding is read and updated row-wise on the ps (only the rows a batch touches
 travel); the dense layers are read before and updated after each step.
 
+With ``--tensorflow`` the two alternate, ``--rounds`` times (default 2): our windows, then a
+TensorFlow run (200 steps, while our processes sit idle), then our windows again, and so on, so
+that the load of a shared machine, which drifts over a minute, weighs on both alike. Each side's
+figure is its median; the per-round ratios are printed too (``--rounds 1``: ours, then TF).
+
 Bytes moved per step are counted on the wire (serialized gRPC messages: coordinator <-> workers
 and workers <-> ps) and compared with the minimum the model needs: the unique rows of a batch down
 and their gradients up (with their ids), plus the dense parameters down and their gradients up.
+CPU time per scheduled step is reported for every process (user + system, Linux /proc; each
+worker runs about half of the steps): on a shared machine it is steadier than steps/s, and with
+four processes on two cores their total bounds the throughput.
 
     python bench/bench_ps.py                      # ~20 s on 2 cores
-    python bench/bench_ps.py --tensorflow VENV    # also TF's PS (bench/tf_ps_reference.py)
+    python bench/bench_ps.py --tensorflow VENV    # also TF's PS (bench/tf_ps_reference.py), ~1 min
 
 Without ``--tensorflow`` the TensorFlow figure is the recorded one (102.3 steps/s, c1 in
 tf-baseline.md, same 2-core machine class), and the script says so. The last line is
@@ -34,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SDK = HERE.parent / "sdk"
@@ -55,6 +64,12 @@ def _args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--tensorflow", metavar="VENV", help="also run TF with VENV/bin/python")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="with --tensorflow: alternate ours (--repeats windows) and TF this many times",
+    )
     return p.parse_args()
 
 
@@ -114,7 +129,10 @@ class _Servers:
             proc.wait(timeout=10)
 
 
-def run_strategyjob(args: argparse.Namespace) -> dict:
+def run_strategyjob(args: argparse.Namespace, between: Any = None) -> dict:
+    """Our cluster: ``--repeats`` timed windows, then ``between(round)`` (TensorFlow's run,
+    while our processes sit idle), and so on for ``--rounds`` rounds when ``between`` is
+    given."""
     sys.path.insert(0, str(SDK))
     import torch
     import torch.nn.functional as F
@@ -198,22 +216,29 @@ def run_strategyjob(args: argparse.Namespace) -> dict:
         coordinator.join()
         loss_first = float(rv.fetch())
         warmup_s = time.perf_counter() - t0
-        rates, traffic = [], []
-        cpu0, chief0 = servers.cpu_seconds(), time.process_time()
-        for _ in range(args.repeats):
-            traffic_reset()
-            t = time.perf_counter()
-            for _ in range(args.steps):
-                rv = coordinator.schedule(train_step, args=(iterator,))
-            coordinator.join()
-            rates.append(args.steps / (time.perf_counter() - t))
-            ps_calls[0] = 0
-            traffic.append(traffic_reset() / args.steps)
-        total_steps = args.steps * args.repeats
-        cpu_ms = [
-            round(1000 * (b - a) / total_steps, 2) for a, b in zip(cpu0, servers.cpu_seconds())
-        ]
-        chief_ms = round(1000 * (time.process_time() - chief0) / total_steps, 2)
+        rates, traffic, round_rates = [], [], []
+        rounds = max(1, args.rounds) if between is not None else 1
+        cpu_s = [0.0] * len(servers.procs)
+        chief_s = 0.0
+        for r in range(rounds):
+            cpu0, chief0 = servers.cpu_seconds(), time.process_time()
+            for _ in range(args.repeats):
+                traffic_reset()
+                t = time.perf_counter()
+                for _ in range(args.steps):
+                    rv = coordinator.schedule(train_step, args=(iterator,))
+                coordinator.join()
+                rates.append(args.steps / (time.perf_counter() - t))
+                ps_calls[0] = 0
+                traffic.append(traffic_reset() / args.steps)
+            cpu_s = [c + b - a for c, a, b in zip(cpu_s, cpu0, servers.cpu_seconds())]
+            chief_s += time.process_time() - chief0
+            round_rates.append(round(statistics.median(rates[-args.repeats :]), 2))
+            if between is not None:
+                between(r)
+        total_steps = args.steps * args.repeats * rounds
+        cpu_ms = [round(1000 * c / total_steps, 2) for c in cpu_s]
+        chief_ms = round(1000 * chief_s / total_steps, 2)
         loss_last = float(rv.fetch())
         unique = int(torch.unique(ids).numel())
         dense = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("emb"))
@@ -226,6 +251,7 @@ def run_strategyjob(args: argparse.Namespace) -> dict:
             warmup_s=round(warmup_s, 2),
             steps=args.steps,
             steps_per_s_windows=[round(r, 1) for r in rates],
+            steps_per_s_rounds=round_rates,
             steps_per_s=round(statistics.median(rates), 2),
             loss_first=round(loss_first, 4),
             loss_last=round(loss_last, 4),
@@ -271,18 +297,35 @@ def run_tensorflow(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     args = _args()
-    ours = run_strategyjob(args)
-    print("RESULT " + json.dumps(ours), flush=True)
-    if args.tensorflow:
+    tf_rates: list[float] = []
+
+    def tensorflow_round(_round: int) -> None:
         tf = run_tensorflow(args)
         print("RESULT " + json.dumps(tf), flush=True)
-        tf_rate, source = float(tf["steps_per_s"]), "measured now"
+        tf_rates.append(float(tf["steps_per_s"]))
+
+    ours = run_strategyjob(args, tensorflow_round if args.tensorflow else None)
+    print("RESULT " + json.dumps(ours), flush=True)
+    if args.tensorflow:
+        for i, (mine, theirs) in enumerate(zip(ours["steps_per_s_rounds"], tf_rates)):
+            print(
+                f"round {i + 1}: strategyjob_ps={mine} tensorflow_ps={theirs} "
+                f"ratio={mine / theirs:.2f}"
+            )
+        tf_rate = round(statistics.median(tf_rates), 2)
+        source = f"measured now, median of {len(tf_rates)} run(s) alternating with ours"
     else:
         tf_rate = TF_RECORDED_STEPS_PER_S
         source = "recorded in tf-baseline.md (c1); no TensorFlow venv given (--tensorflow VENV)"
     print(
         f"bytes/step: moved={ours['bytes_per_step']} minimum={ours['min_bytes_per_step']} "
         f"ratio={ours['bytes_per_step'] / ours['min_bytes_per_step']:.2f}"
+    )
+    cpu = ours["cpu_ms_per_step"]
+    print(
+        "cpu ms/step: "
+        + " ".join(f"{name}={ms}" for name, ms in cpu.items())
+        + f" total={sum(cpu.values()):.2f}"
     )
     print(f"tensorflow figure: {source}")
     print(

@@ -3,6 +3,10 @@ with MultiWorkerMirroredStrategy: one process per worker, gradients averaged wit
 torch.distributed collectives. Run it with `strategyjob run job.yaml`.
 
 This is a tf.distribute custom training loop: only the imports differ from TensorFlow.
+Like Keras' BackupAndRestore, the chief backs up the model and optimizer after every
+epoch to CHECKPOINT_DIR/backup.pt; a restarted job (every worker restarts when one fails)
+resumes from that epoch, so CHECKPOINT_DIR must be storage all workers share. The backup
+is deleted once training ends.
 """
 
 from __future__ import annotations
@@ -76,8 +80,18 @@ def eval_step(batch):
     return correct, torch.tensor(float(len(y)))
 
 
+checkpoint_dir = Path(os.environ.get("CHECKPOINT_DIR", "checkpoints"))
+backup = checkpoint_dir / "backup.pt"
+first_epoch = 0
+if backup.exists():  # a restarted job: every worker resumes from the chief's backup
+    state = torch.load(backup, weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    first_epoch = state["epoch"]
+    log(f"restored the backup of epoch {first_epoch}; resuming")
+
 SUM = strategyjob.ReduceOp.SUM
-for epoch in range(EPOCHS):
+for epoch in range(first_epoch, EPOCHS):
     started = time.perf_counter()
     loss_sum = correct_sum = seen = 0.0
     for batch in strategy.experimental_distribute_dataset(global_batches(train_idx, epoch)):
@@ -95,11 +109,16 @@ for epoch in range(EPOCHS):
         f"accuracy {correct_sum / seen:.4f}, test accuracy {test_correct / test_seen:.4f} "
         f"({time.perf_counter() - started:.2f}s)"
     )
+    if is_chief:  # written whole, then renamed: a restart never reads half a backup
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        torch.save({**state, "epoch": epoch + 1}, backup.with_suffix(".tmp"))
+        backup.with_suffix(".tmp").replace(backup)
 
 # --- only the chief writes the checkpoint (all workers hold identical weights) ---------------
 if is_chief:
-    checkpoint_dir = Path(os.environ.get("CHECKPOINT_DIR", "checkpoints"))
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint_dir / "model.pt"
     torch.save({"model": model.state_dict(), "epochs": EPOCHS}, path)
+    backup.unlink(missing_ok=True)
     log(f"saved checkpoint {path}")

@@ -114,3 +114,43 @@ def test_tpu_example_splits_a_layer_across_logical_devices(tmp_path):
     assert rows[0][-1][2] < rows[0][0][2] / 2
     assert rows[0][-1][4] > 0.85
     assert "strategyjob: job digits-tpu succeeded in" in result.stdout
+
+
+def test_parameter_server_example(tmp_path):
+    """The chief coordinates, workers and ps serve; the launcher stops the servers once
+    the chief succeeded."""
+    pytest.importorskip("torch")
+    shutil.copy(EXAMPLES / "digits_ps" / "train.py", tmp_path / "train.py")
+    manifest = yaml.safe_load((EXAMPLES / "digits_ps" / "job.yaml").read_text())
+    chief = manifest["spec"]["replicaSpecs"]["chief"]["template"]["spec"]["containers"][0]
+    chief["env"] = [e for e in chief["env"] if e["name"] != "STEPS"]
+    chief["env"].append({"name": "STEPS", "value": "90"})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    result = run(tmp_path / "job.yaml")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    steps = [
+        (int(m.group(1)), float(m.group(2)))
+        for m in re.finditer(r"\[chief-0\] chief-0: step (\d+)/90: loss ([\d.]+)", result.stdout)
+    ]
+    assert [s for s, _ in steps] == [30, 60, 90]
+    assert steps[-1][1] < steps[0][1]
+    assert "[chief-0] chief-0: test accuracy" in result.stdout
+    assert "strategyjob: job digits-ps succeeded in" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["digits_mwms", "digits_ps", "digits_central_storage"])
+def test_cluster_manifests_run_the_same_job(name):
+    """``k8s.yaml`` is ``job.yaml`` for a cluster: valid, same strategy, replicas and
+    commands (run from the worker image's copy of the example)."""
+    from strategyjob.jobspec import load_manifest_file, training_container
+
+    local = load_manifest_file(EXAMPLES / name / "job.yaml")
+    cluster = load_manifest_file(EXAMPLES / name / "k8s.yaml")
+    assert (cluster.name, cluster.strategy) == (local.name, local.strategy)
+    for replica_type, spec in local.replica_specs.items():
+        theirs = cluster.replica_specs[replica_type]
+        assert theirs.replicas == spec.replicas
+        container = training_container(theirs.template)
+        assert container["command"] == training_container(spec.template)["command"]
+        if container["command"][-1] == "train.py":
+            assert container["workingDir"] == f"/opt/strategyjob/examples/{name}"

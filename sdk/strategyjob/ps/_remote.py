@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import defaultdict
@@ -24,9 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from strategyjob import _variables
 from strategyjob.ps import _wire
-from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._transport import ps_device, run_ps_ops
-from strategyjob.ps._wire import to_proto
+from strategyjob.ps._transport import Op, ps_device, run_ps_ops
 
 __all__ = [
     "PSVariable",
@@ -38,13 +37,9 @@ __all__ = [
 ]
 
 
-def var_op(op: str, key: str, value: Any = None, indices: Any = None, **kw: Any) -> pb.VarOp:
-    message = pb.VarOp(op=op, name=key, **kw)
-    if value is not None:
-        message.value.CopyFrom(to_proto(value))
-    if indices is not None:
-        message.indices.CopyFrom(to_proto(indices))
-    return message
+def var_op(op: str, key: str, value: Any = None, indices: Any = None, **kw: Any) -> Op:
+    """One operation on variable ``key`` (``optimizer=``, ``read_back=`` as keywords)."""
+    return Op(op, key, value, indices, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +106,7 @@ class PSVariable(_variables.Variable):
     def grad(self) -> None:
         return None
 
-    def _run(self, op: pb.VarOp) -> list[torch.Tensor]:
+    def _run(self, op: Op) -> list[torch.Tensor]:
         return run_ps_ops(self._task, [op])
 
     def _value_for_op(self) -> torch.Tensor:
@@ -214,52 +209,68 @@ class ShardedHandle:
 
     def __init__(self, ref: ShardedParamRef) -> None:
         self.ref = ref
-        self.offsets = torch.tensor(ref.offsets, dtype=torch.long)
+        self.starts = ref.offsets  # first row of each shard, then the number of rows
+        self.offsets = torch.tensor(self.starts, dtype=torch.long)
         self.anchor = torch.nn.Parameter(torch.zeros(0))  # lets autograd call our backward
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def _route(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.bucketize(ids, self.offsets[1:], right=True)
+    def _split(self, ids: torch.Tensor) -> list[tuple[int, int, int]]:
+        """``(shard, lo, hi)``: ``ids[lo:hi]`` (ascending ids) are the rows of ``shard``."""
+        n = ids.numel()
+        if not n:
+            return []
+        bounds = torch.searchsorted(ids, self.offsets).tolist()
+        if bounds[0] != 0 or bounds[-1] != n:  # ids < 0 or >= the number of rows
+            raise IndexError("index out of range in self")
+        return [(i, lo, hi) for i, (lo, hi) in enumerate(itertools.pairwise(bounds)) if hi > lo]
+
+    def _local(self, ids: torch.Tensor, shard: int, lo: int, hi: int) -> torch.Tensor:
+        start = self.starts[shard]
+        return ids[lo:hi] - start if start else ids[lo:hi]
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (1-D, unique): one call per ps, one gather per shard touched; the
-        closure's pending dense-parameter reads on that ps travel in the same call."""
-        owner = self._route(ids)
-        by_task: dict[int, list[tuple[torch.Tensor, pb.VarOp]]] = defaultdict(list)
-        for i, shard in enumerate(self.ref.shards):
-            mask = owner == i
-            if bool(mask.any()):
-                local = ids[mask] - int(self.offsets[i])
-                by_task[shard.task].append((mask, var_op("gather", shard.key, indices=local)))
-        width = self.ref.shards[0].shape[1:]
-        out = torch.empty((ids.numel(), *width), dtype=self.ref.shards[0].dtype)
+        """Rows ``ids`` (1-D, unique, ascending): one call per ps, one gather per shard
+        touched; the closure's pending dense-parameter reads on that ps travel in the same
+        call."""
+        by_task: dict[int, list[tuple[int, Op]]] = defaultdict(list)
+        for i, lo, hi in self._split(ids):
+            shard = self.ref.shards[i]
+            by_task[shard.task].append(
+                (i, Op("gather", shard.key, indices=self._local(ids, i, lo, hi)))
+            )
+        parts: list[torch.Tensor | None] = [None] * len(self.ref.shards)
         state = worker_state()
         for task, items in by_task.items():
             reads = state.take_pending(task)
-            results = run_ps_ops(
-                task, [var_op("read", r.key) for r in reads] + [op for _, op in items]
-            )
+            results = run_ps_ops(task, [Op("read", r.key) for r in reads] + [op for _, op in items])
             state.store(reads, results[: len(reads)])
-            for (mask, _), part in zip(items, results[len(reads) :]):
-                out[mask] = part
-        return out
+            for (i, _), part in zip(items, results[len(reads) :]):
+                parts[i] = part
+        found = [p for p in parts if p is not None]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            first = self.ref.shards[0]
+            return torch.empty((0, *first.shape[1:]), dtype=first.dtype)
+        return torch.cat(found)
 
-    def sparse_ops(self, opt_json: str) -> dict[int, list[pb.VarOp]]:
+    def sparse_ops(self, opt_json: str) -> dict[int, list[Op]]:
         """The pending row gradients as ``apply_sparse`` ops per ps task; clears them."""
-        ops: dict[int, list[pb.VarOp]] = defaultdict(list)
+        ops: dict[int, list[Op]] = defaultdict(list)
         if not self.pending:
             return ops
-        ids = torch.cat([i for i, _ in self.pending])
-        grads = torch.cat([g for _, g in self.pending])
+        if len(self.pending) == 1:
+            ids, grads = self.pending[0]  # from one lookup: unique ids, ascending
+        else:  # several lookups: ids may repeat (the ps adds their rows up)
+            ids, order = torch.sort(torch.cat([i for i, _ in self.pending]))
+            grads = torch.cat([g for _, g in self.pending]).index_select(0, order)
         self.pending.clear()
-        owner = self._route(ids)
-        for i, shard in enumerate(self.ref.shards):
-            mask = owner == i
-            if bool(mask.any()):
-                local = ids[mask] - int(self.offsets[i])
-                ops[shard.task].append(
-                    var_op("apply_sparse", shard.key, grads[mask], local, optimizer=opt_json)
-                )
+        for i, lo, hi in self._split(ids):
+            shard = self.ref.shards[i]
+            local = self._local(ids, i, lo, hi)
+            ops[shard.task].append(
+                Op("apply_sparse", shard.key, grads[lo:hi], local, optimizer=opt_json)
+            )
         return ops
 
 
@@ -271,7 +282,7 @@ class _Lookup(torch.autograd.Function):
         rows = handle.gather(unique)
         ctx.handle, ctx.pad = handle, pad
         ctx.save_for_backward(unique, inverse)
-        return rows[inverse].reshape(*ids.shape, *rows.shape[1:])
+        return rows.index_select(0, inverse).reshape(*ids.shape, *rows.shape[1:])
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -364,7 +375,7 @@ class RemoteOptimizer:
         return loss
 
     def _send_gradients(self) -> None:
-        ops: dict[int, list[pb.VarOp]] = defaultdict(list)
+        ops: dict[int, list[Op]] = defaultdict(list)
         for group in self.param_groups:
             opt_json = self._opt_json(group)
             for p in group["params"]:
@@ -373,7 +384,7 @@ class RemoteOptimizer:
                         ops[task].extend(task_ops)
                 elif p.grad is not None:
                     ref = p._sj_ref
-                    ops[ref.task].append(var_op("apply_dense", ref.key, p.grad, optimizer=opt_json))
+                    ops[ref.task].append(Op("apply_dense", ref.key, p.grad, optimizer=opt_json))
         for task, task_ops in ops.items():
             run_ps_ops(task, task_ops)
 
@@ -396,6 +407,7 @@ class WorkerState:
         self.resources: dict[int, Any] = {}
         self.pending: dict[int, list[ParamRef]] = {}
         self.pending_ids: set[int] = set()
+        self.mode: PullOnUse | None = None  # while a closure runs with parameters pending
 
     def param(self, ref: ParamRef) -> torch.nn.Parameter:
         with self.lock:
@@ -454,6 +466,8 @@ class WorkerState:
         refs = self.pending.pop(task, [])
         for ref in refs:
             self.pending_ids.discard(id(self.params[ref.key]))
+        if not self.pending and self.mode is not None:
+            self.mode.retire()
         return refs
 
     def store(self, refs: list[ParamRef], values: list[torch.Tensor]) -> None:
@@ -494,11 +508,38 @@ _METADATA_FUNCTIONS = _metadata_functions()
 
 
 class PullOnUse(TorchFunctionMode):
-    """Reads the pending parameters before the first torch operation that uses one."""
+    """Reads the pending parameters before the first torch operation that uses one.
+
+    The mode is on torch's mode stack only while some parameter is pending: it steps off as
+    soon as none is (``retire``, e.g. once the first embedding gather brought the dense
+    parameters along), so that the rest of the closure runs at full speed.
+    """
 
     def __init__(self, state: WorkerState) -> None:
         super().__init__()
         self._state = state
+        self._on_stack = False
+
+    def __enter__(self) -> PullOnUse:
+        if self._state.pending:
+            super().__enter__()
+            self._on_stack = True
+            self._state.mode = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._state.mode = None
+        if self._on_stack:
+            self._on_stack = False
+            super().__exit__(*exc)
+
+    def retire(self) -> None:
+        """Nothing is pending any more: leave the mode stack now if this mode is on top of it
+        (inside one of its own calls it is not; it then stays, idle, until the closure ends)."""
+        depth = torch._C._len_torch_function_stack()
+        if self._on_stack and depth and torch._C._get_function_stack_at(depth - 1) is self:
+            torch._C._pop_torch_function_stack()
+            self._on_stack = False
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         kwargs = kwargs or {}

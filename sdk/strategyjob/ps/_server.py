@@ -22,13 +22,18 @@ from typing import Any
 import cloudpickle
 import grpc
 import torch
+from google.protobuf.message import DecodeError
 
 from strategyjob import errors
 from strategyjob.cluster_resolver import ClusterSpec
 from strategyjob.cluster_resolver.multi_worker_util import normalize_cluster_spec
-from strategyjob.ps import _remote, _transport
+from strategyjob.ps import _remote, _transport, _wire
 from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._wire import CHANNEL_OPTIONS, dumps, from_proto, loads, to_proto
+from strategyjob.ps._wire import CHANNEL_OPTIONS, dumps, loads
+
+# The benchmarks' "traffic" request (framed or not), recognised without decoding it.
+_TRAFFIC_OP = pb.VarOps(ops=[pb.VarOp(op="traffic")]).SerializeToString()
+_TRAFFIC_REQUESTS = (_TRAFFIC_OP, _wire.pack(_TRAFFIC_OP, []))
 
 __all__ = ["Server"]
 
@@ -45,6 +50,7 @@ class _Store:
         self._vars: dict[str, torch.Tensor] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._optimizers: dict[tuple[str, str], torch.optim.Optimizer] = {}
+        self._specs: dict[str, dict] = {}  # parsed optimizer JSON, by its text
 
     def _get(self, key: str) -> tuple[torch.Tensor, threading.Lock]:
         try:
@@ -52,19 +58,27 @@ class _Store:
         except KeyError:
             raise KeyError(f"Variable {key!r} is not on this parameter server") from None
 
-    def run(self, ops: Any) -> list[pb.Tensor]:
+    def run(self, request: bytes) -> bytes:
+        """Run a framed ``VarOps`` request; the framed ``VarResults`` reply."""
+        message = _wire.unpack(request, pb.VarOps)
         out = []
-        for op in ops:
-            result = self._run_one(op)
-            if result is not None:
-                out.append(to_proto(result))
-        return out
+        with torch.no_grad():
+            for op in message.message.ops:
+                value = message.tensor(op.value) if op.HasField("value") else None
+                indices = message.tensor(op.indices) if op.HasField("indices") else None
+                result = self._run_one(op, value, indices)
+                if result is not None:
+                    out.append(result)
+        return _transport.encode_results(out)
 
-    def _run_one(self, op: pb.VarOp) -> torch.Tensor | None:
+    def _run_one(self, op: pb.VarOp, value: Any, indices: Any) -> torch.Tensor | None:
         kind = op.op
         if kind == "create":
-            value = from_proto(op.value)
-            param = torch.nn.Parameter(value, requires_grad=value.is_floating_point())
+            # `value` is a view of the request's bytes: the variable gets its own copy.
+            param = torch.nn.Parameter(
+                value.clone(memory_format=torch.contiguous_format),
+                requires_grad=value.is_floating_point(),
+            )
             with self._lock:
                 self._vars[op.name] = param
                 self._locks[op.name] = threading.Lock()
@@ -77,23 +91,22 @@ class _Store:
                 self._locks.pop(op.name, None)
             return None
         var, lock = self._get(op.name)
-        with lock, torch.no_grad():
+        with lock:  # (grad mode is off: results are plain tensors)
             if kind == "read":
-                return var.detach().clone()
+                return var.clone()
             if kind == "gather":
-                return var.detach().index_select(0, from_proto(op.indices))
+                return var.index_select(0, indices)
             if kind in ("assign", "assign_add", "assign_sub"):
-                value = from_proto(op.value)
                 {"assign": var.copy_, "assign_add": var.add_, "assign_sub": var.sub_}[kind](value)
             elif kind.startswith("scatter_"):
-                self._scatter(var, kind, from_proto(op.indices), from_proto(op.value))
+                self._scatter(var, kind, indices, value)
             elif kind == "apply_dense":
-                self._apply(op, var, from_proto(op.value), None)
+                self._apply(op, var, value, None)
             elif kind == "apply_sparse":
-                self._apply(op, var, from_proto(op.value), from_proto(op.indices))
+                self._apply(op, var, value, indices)
             else:
                 raise ValueError(f"Unknown variable operation {kind!r}")
-            return var.detach().clone() if op.read_back else None
+            return var.clone() if op.read_back else None
 
     @staticmethod
     def _scatter(var: torch.Tensor, kind: str, indices: torch.Tensor, updates: torch.Tensor):
@@ -128,29 +141,45 @@ class _Store:
             opt.param_groups[0].update(spec["hparams"])
         return opt
 
+    def _spec(self, text: str) -> dict:
+        spec = self._specs.get(text)
+        if spec is None:
+            spec = json.loads(text)
+            hp = spec["hparams"]
+            if (
+                spec["cls"] == "torch.optim.sgd:SGD"
+                and not hp.get("momentum")
+                and not hp.get("weight_decay")
+            ):
+                # SGD without momentum or weight decay is ``var -= lr * grad``.
+                spec["sgd_alpha"] = (1.0 if hp.get("maximize") else -1.0) * float(hp["lr"])
+            if len(self._specs) > 1024:
+                self._specs.clear()
+            self._specs[text] = spec
+        return spec
+
     def _apply(self, op: pb.VarOp, var: torch.Tensor, grad: torch.Tensor, rows: Any) -> None:
-        spec = json.loads(op.optimizer)
-        hp = spec["hparams"]
-        plain_sgd = (
-            spec["cls"] == "torch.optim.sgd:SGD"
-            and not hp.get("momentum")
-            and not hp.get("weight_decay")
-        )
-        if plain_sgd:
-            # SGD without momentum or weight decay is ``var -= lr * grad``: apply it directly
-            # (only the touched rows for a sparse gradient).
-            alpha = (1.0 if hp.get("maximize") else -1.0) * float(hp["lr"])
-            if rows is not None:
-                var.index_add_(0, rows, grad.to(var.dtype), alpha=alpha)
+        spec = self._spec(op.optimizer)
+        alpha = spec.get("sgd_alpha")
+        if grad.dtype != var.dtype:
+            grad = grad.to(var.dtype)
+        if alpha is not None:
+            # Plain SGD, applied directly: only the touched rows for a sparse gradient.
+            if rows is None:
+                var.add_(grad, alpha=alpha)
+            elif var.dim() == 2 and grad.dim() == 2:
+                # One pass over the rows (index_add_ loops over them one by one); repeated
+                # rows add up.
+                var.scatter_add_(0, rows.unsqueeze(1).expand_as(grad), grad * alpha)
             else:
-                var.add_(grad.to(var.dtype), alpha=alpha)
+                var.index_add_(0, rows, grad, alpha=alpha)
             return
         if rows is not None:
             dense = torch.zeros_like(var)
-            dense.index_add_(0, rows, grad.to(var.dtype))
+            dense.index_add_(0, rows, grad)
             grad = dense
         opt = self._optimizer(spec, op.name, var)
-        var.grad = grad.to(var.dtype)
+        var.grad = grad.clone() if rows is None else grad  # `grad` may view the request
         with torch.enable_grad():
             opt.step()
         var.grad = None
@@ -204,6 +233,10 @@ class _WorkerService:
     def run_closure(self, request: pb.Closure, context: Any) -> pb.ClosureResult:
         with self._run_lock:
             return self._run_closure(request)
+
+    def run_closure_stream(self, requests: Any, context: Any) -> Any:
+        for request in requests:
+            yield self.run_closure(request, context)
 
     def _run_closure(self, request: pb.Closure) -> pb.ClosureResult:
         state = _remote.worker_state()
@@ -270,6 +303,9 @@ class _TokenInterceptor(grpc.ServerInterceptor):
                 "in the caller's environment",
             )
 
+        handler = continuation(details)
+        if handler is not None and handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(deny)  # (RunStream, RunClosureStream)
         return grpc.unary_unary_rpc_method_handler(deny)
 
 
@@ -328,9 +364,12 @@ class Server:
         self._worker.task_index = self._task_index
         token = os.environ.get(_transport.TOKEN_ENV)
         interceptors = [_TokenInterceptor(token)] if token else []
+        # A thread per call being served, RunStream calls (a few per client process, open
+        # for long) included; threads start only when needed.
+        tasks = sum(len(cluster.job_tasks(job)) for job in cluster.jobs)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
-                max_workers=16, thread_name_prefix=f"{job_name}{task_index}"
+                max_workers=32 + 4 * tasks, thread_name_prefix=f"{job_name}{task_index}"
             ),
             options=CHANNEL_OPTIONS,
             interceptors=interceptors,
@@ -340,13 +379,23 @@ class Server:
             (
                 grpc.method_handlers_generic_handler(
                     "strategyjob.ps.ParameterServer",
-                    {"Run": _handler(self._run_ps, pb.VarOps, pb.VarResults), "GetStatus": status},
+                    {
+                        # Framed messages (see _wire.pack): bytes in and out, as they are.
+                        "Run": grpc.unary_unary_rpc_method_handler(self._run_ps),
+                        "RunStream": grpc.stream_stream_rpc_method_handler(self._run_ps_stream),
+                        "GetStatus": status,
+                    },
                 ),
                 grpc.method_handlers_generic_handler(
                     "strategyjob.ps.Worker",
                     {
                         "RunClosure": _handler(
                             self._worker.run_closure, pb.Closure, pb.ClosureResult
+                        ),
+                        "RunClosureStream": grpc.stream_stream_rpc_method_handler(
+                            self._worker.run_closure_stream,
+                            request_deserializer=pb.Closure.FromString,
+                            response_serializer=pb.ClosureResult.SerializeToString,
                         ),
                         "CreateResource": _handler(
                             self._worker.create_resource, pb.Closure, pb.ClosureResult
@@ -396,23 +445,27 @@ class Server:
             job_name=self._job_name, task_index=self._task_index, incarnation=self._incarnation
         )
 
-    def _run_ps(self, request: pb.VarOps, context: Any) -> pb.VarResults:
-        if len(request.ops) == 1 and request.ops[0].op == "traffic":
+    def _run_ps_stream(self, requests: Any, context: Any) -> Any:
+        for request in requests:
+            yield self._run_ps(request, context)  # an error ends the call with its status
+
+    def _run_ps(self, request: bytes, context: Any) -> bytes:
+        if request in _TRAFFIC_REQUESTS:
             # Bytes received/sent and calls served since the previous "traffic" call (for
             # benchmarks; counting starts with the first one), then reset.
             self._count_traffic = True
             with self._traffic_lock:
                 counts, self._traffic = self._traffic, [0, 0, 0]
-            return pb.VarResults(values=[to_proto(torch.tensor(counts, dtype=torch.int64))])
+            return _transport.encode_results([torch.tensor(counts, dtype=torch.int64)])
         try:
-            reply = pb.VarResults(values=self._store.run(request.ops))
+            reply = self._store.run(request)
             if self._count_traffic:
                 with self._traffic_lock:
-                    self._traffic[0] += request.ByteSize()
-                    self._traffic[1] += reply.ByteSize()
+                    self._traffic[0] += len(request)
+                    self._traffic[1] += len(reply)
                     self._traffic[2] += 1
             return reply
         except KeyError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
-        except (ValueError, RuntimeError, TypeError, IndexError) as exc:
+        except (ValueError, RuntimeError, TypeError, IndexError, DecodeError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")

@@ -3,11 +3,17 @@
 The cluster (a ``ClusterSpec``) is configured once per process: by the strategy on the
 coordinator, by ``Server`` on a worker. Calls carry ``STRATEGYJOB_TOKEN`` (when set) in their
 metadata; a dead ps surfaces as ``UnavailableError`` naming its task.
+
+The requests of every step (a worker's reads and gathers, then its gradients; the
+coordinator's closures) travel on streaming calls kept open (``Stream``), each a framed message
+whose tensors are read in place (``_wire.pack``): per request, that costs the server one
+message instead of a call, and nobody a protobuf copy of the tensors.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from typing import Any
 
@@ -16,10 +22,11 @@ import torch
 
 from strategyjob import errors
 from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._wire import CHANNEL_OPTIONS, from_proto
+from strategyjob.ps._wire import CHANNEL_OPTIONS, pack, tensor_meta, unpack
 
 __all__ = [
     "TOKEN_ENV",
+    "Op",
     "PermissionDeniedError",
     "configure",
     "ps_device",
@@ -44,9 +51,67 @@ def metadata() -> tuple[tuple[str, str], ...]:
     return ((TOKEN_METADATA, token),) if token else ()
 
 
+class Op:
+    """One operation on a variable held by a ps (a ``VarOp`` message once encoded)."""
+
+    __slots__ = ("indices", "name", "op", "optimizer", "read_back", "value")
+
+    def __init__(
+        self,
+        op: str,
+        name: str,
+        value: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        optimizer: str = "",
+        read_back: bool = False,
+    ) -> None:
+        self.op = op
+        self.name = name
+        self.value = value
+        self.indices = indices
+        self.optimizer = optimizer
+        self.read_back = read_back
+
+    def __repr__(self) -> str:
+        return f"Op({self.op!r}, {self.name!r})"
+
+
+def encode_ops(ops: list[Op]) -> bytes:
+    """``ops`` as a framed ``VarOps`` message (the tensors' bytes copied once, into ``raw``)."""
+    messages, tensors = [], []
+    for op in ops:
+        fields: dict[str, Any] = {"op": op.op, "name": op.name}
+        if op.value is not None:
+            fields["value"] = tensor_meta(op.value)
+            tensors.append(op.value)
+        if op.indices is not None:
+            fields["indices"] = tensor_meta(op.indices)
+            tensors.append(op.indices)
+        if op.optimizer:
+            fields["optimizer"] = op.optimizer
+        if op.read_back:
+            fields["read_back"] = True
+        messages.append(pb.VarOp(**fields))
+    return pack(pb.VarOps(ops=messages).SerializeToString(), tensors)
+
+
+def encode_results(values: list[torch.Tensor]) -> bytes:
+    """The framed ``VarResults`` message of ``values``."""
+    header = pb.VarResults(values=[tensor_meta(v) for v in values]).SerializeToString()
+    return pack(header, values)
+
+
+def decode_results(data: bytes) -> list[torch.Tensor]:
+    """The tensors of a framed ``VarResults`` message (views of ``data``, not copies)."""
+    reply = unpack(data, pb.VarResults)
+    return [reply.tensor(meta) for meta in reply.message.values]
+
+
 _lock = threading.Lock()
 _cluster: dict[str, list[str]] = {}
 _channels: dict[str, grpc.Channel] = {}
+_raw_stubs: dict[tuple[str, str], Any] = {}
+_idle_streams: dict[tuple[str, tuple], list[Stream]] = {}
 
 
 def configure(cluster: dict[str, list[str]]) -> None:
@@ -79,9 +144,25 @@ def channel(addr: str) -> grpc.Channel:
 def close_channels() -> None:
     with _lock:
         channels = list(_channels.values())
+        streams = [s for idle in _idle_streams.values() for s in idle]
         _channels.clear()
+        _raw_stubs.clear()
+        _idle_streams.clear()
+    for stream in streams:
+        stream.close()
     for ch in channels:
         ch.close()
+
+
+def raw_unary(addr: str, method: str) -> Any:
+    """A (cached) callable for ``method`` at ``addr`` that sends and returns bytes as is."""
+    stub = _raw_stubs.get((addr, method))
+    if stub is None:
+        stub = channel(addr).unary_unary(method)
+        with _lock:
+            if addr in _channels:  # not closed meanwhile
+                _raw_stubs[(addr, method)] = stub
+    return stub
 
 
 def unary(addr: str, method: str, request_cls: Any, response_cls: Any) -> Any:
@@ -107,19 +188,91 @@ def raise_for_rpc_error(exc: grpc.RpcError, what: str) -> None:
     ) from None
 
 
-def run_ps_ops(task: int, ops: list[pb.VarOp], *, wait: bool = False) -> list[torch.Tensor]:
-    """Run ``ops`` on ps ``task`` in one call; the tensors they return, in order.
+RUN_METHOD = "/strategyjob.ps.ParameterServer/Run"
+RUN_STREAM_METHOD = "/strategyjob.ps.ParameterServer/RunStream"
+# Streams kept open per ps (and token) for the next calls; more are opened when several
+# threads call at once, and closed after use.
+MAX_IDLE_STREAMS = 2
+_END = object()
+
+
+class Stream:
+    """One bidirectional streaming call used as a series of unary ones: a request, then its
+    reply, and so on (bytes in and out). Cheaper per request than a call each: the server
+    keeps one handler running instead of setting up a call, a thread hand-off and a status
+    for every request. A failed call raises ``grpc.RpcError`` (or ``StopIteration`` if the
+    server ended it without one); the stream is then of no further use."""
+
+    def __init__(self, addr: str, method: str, md: tuple) -> None:
+        self.metadata = md
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        call = channel(addr).stream_stream(method)
+        self._replies = call(iter(self._requests.get, _END), metadata=md)
+
+    def call(self, request: bytes) -> bytes:
+        self._requests.put(request)
+        return next(self._replies)
+
+    def alive(self) -> bool:
+        """False once the call has ended (e.g. the connection broke while it was idle): a
+        request sent now would not reach the server."""
+        return not self._replies.done()
+
+    def close(self) -> None:
+        self._requests.put(_END)
+        self._replies.cancel()
+
+
+def _stream_call(addr: str, request: bytes) -> bytes:
+    md = metadata()
+    key = (addr, md)  # a stream carries the token it was opened with
+    with _lock:
+        idle = _idle_streams.get(key)
+        stream = idle.pop() if idle else None
+    if stream is not None and not stream.alive():
+        stream.close()
+        stream = None
+    if stream is None:
+        stream = Stream(addr, RUN_STREAM_METHOD, md)
+    try:
+        reply = stream.call(request)
+    except BaseException:
+        stream.close()  # failed (the server ended the call) or interrupted
+        raise
+    with _lock:
+        idle = _idle_streams.setdefault(key, [])
+        if len(idle) < MAX_IDLE_STREAMS and addr in _channels:
+            idle.append(stream)
+            stream = None
+    if stream is not None:
+        stream.close()
+    return reply
+
+
+def run_ps_ops(task: int, ops: list[Op], *, wait: bool = False) -> list[torch.Tensor]:
+    """Run ``ops`` on ps ``task`` in one request; the tensors they return, in order.
 
     ``wait`` (used by the coordinator while the cluster starts) waits for the ps to come up,
     at most ``STRATEGYJOB_PS_CONNECT_TIMEOUT`` seconds (default 120); otherwise a ps that is
-    down fails at once with ``UnavailableError``.
+    down fails at once with ``UnavailableError``. Requests travel on a ``RunStream`` call kept
+    open to the ps (a ``Run`` call each when waiting).
     """
-    stub = unary(
-        address("ps", task), "/strategyjob.ps.ParameterServer/Run", pb.VarOps, pb.VarResults
-    )
-    timeout = float(os.environ.get(CONNECT_TIMEOUT_ENV, "120")) if wait else None
+    addr = address("ps", task)
+    request = encode_ops(ops)
     try:
-        reply = stub(pb.VarOps(ops=ops), metadata=metadata(), wait_for_ready=wait, timeout=timeout)
+        if os.environ.get("SJ_TMP_UNARY") and not wait:
+            reply = raw_unary(addr, RUN_METHOD)(request, metadata=metadata())
+        elif wait:
+            timeout = float(os.environ.get(CONNECT_TIMEOUT_ENV, "120"))
+            stub = raw_unary(addr, RUN_METHOD)
+            reply = stub(request, metadata=metadata(), wait_for_ready=True, timeout=timeout)
+        else:
+            reply = _stream_call(addr, request)
     except grpc.RpcError as exc:
         raise_for_rpc_error(exc, f"/job:ps/replica:0/task:{task}")
-    return [from_proto(t) for t in reply.values]
+    except StopIteration:  # the ps ended the stream without a status (it is going away)
+        raise errors.UnavailableError(
+            f"/job:ps/replica:0/task:{task} is unavailable (the stream of requests ended). "
+            f"GRPC error information from remote target /job:ps/replica:0/task:{task}"
+        ) from None
+    return decode_results(reply)

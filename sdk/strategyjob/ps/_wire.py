@@ -5,12 +5,20 @@ Functions and other Python objects are cloudpickled by value; every tensor insid
 swapped for a reference into a side list of ``Tensor`` messages (pickle's persistent ids), and
 objects that stand for state on a parameter server (variables, module parameters, optimizers)
 reduce to small handles, so shipping a model ships its structure, not its weights.
+
+The calls to a parameter server (every step's reads, row gathers and gradients) use framed
+messages (``pack`` / ``unpack``): the ``Tensor`` messages carry dtype and shape only, and the
+bytes of all tensors follow one another in the message's ``raw`` field, written first so that
+they sit at a fixed, aligned place. The sender copies each tensor once (into the message), the
+receiver reads them in place (``torch.frombuffer``), with no protobuf copies in between.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import pickle
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +28,7 @@ import torch
 
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 
-__all__ = ["dumps", "from_proto", "loads", "to_proto"]
+__all__ = ["dumps", "from_proto", "loads", "pack", "to_proto", "unpack"]
 
 # 1 GiB: a 100k x 64 float table (25.6 MB) and its gradients pass in one message.
 MAX_MESSAGE_BYTES = 1 << 30
@@ -75,6 +83,114 @@ def from_proto(message: pb.Tensor) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     raw = np.frombuffer(message.data, dtype=np.uint8).copy()
     return torch.from_numpy(raw).view(dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# framed messages: tensors' bytes in the message's `raw` field, read in place
+
+_RAW_FIELD = 2048  # see VarOps in strategyjob_ps.proto
+
+
+def _varint(value: int, width: int) -> bytes:
+    """``value`` as a protobuf varint of exactly ``width`` bytes (padded, still valid)."""
+    if value >> (7 * width):
+        raise ValueError(f"{value} does not fit a {width}-byte varint")
+    return bytes((value >> (7 * i)) & 0x7F | (0x80 if i < width - 1 else 0) for i in range(width))
+
+
+_RAW_KEY = _varint((_RAW_FIELD << 3) | 2, 3)  # field 2048, length-delimited: 3 bytes
+_PREFIX = 8  # the key and a 5-byte length
+_PAD = [bytes(n) for n in range(8)]
+_ITEMSIZE = {name: torch.empty(0, dtype=d).element_size() for name, d in _DTYPES.items()}
+_DTYPE_NAMES = {d: name for name, d in _DTYPES.items()}
+
+with warnings.catch_warnings():
+    # Tensors are read in place from the (immutable) bytes of a received message; torch
+    # warns once per process that such a buffer is not writable. They are only read, or
+    # belong to the caller alone (the message is not shared), so silence that warning.
+    warnings.simplefilter("ignore")
+    torch.frombuffer(bytes(8), dtype=torch.uint8)
+
+
+def tensor_meta(tensor: torch.Tensor) -> pb.Tensor:
+    """The ``Tensor`` message of ``tensor`` without its data (which goes to ``raw``)."""
+    try:
+        name = _DTYPE_NAMES[tensor.dtype]
+    except KeyError:
+        raise TypeError(
+            f"Tensors of dtype {tensor.dtype} cannot be sent to a parameter server; supported: "
+            f"{', '.join(_DTYPES)}"
+        ) from None
+    return pb.Tensor(dtype=name, shape=tensor.shape)
+
+
+def _buffer(tensor: torch.Tensor) -> Any:
+    """``tensor``'s bytes as a buffer (no copy when it is a dense CPU tensor)."""
+    try:
+        array = tensor.numpy()  # the common case, in one call
+        if array.flags.c_contiguous:
+            return array
+    except (RuntimeError, TypeError):  # requires grad, not on the CPU, conj bit, bfloat16...
+        pass
+    t = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def pack(header: bytes, tensors: list[torch.Tensor]) -> bytes:
+    """A framed message: ``raw`` (the tensors' bytes, each padded to 8) first, then
+    ``header`` (the message's other fields, serialized, its ``Tensor``s without data)."""
+    parts: list[Any] = [b""]
+    size = 0
+    for tensor in tensors:
+        buf = _buffer(tensor)
+        nbytes = buf.nbytes
+        if nbytes:
+            parts.append(buf)
+            pad = -nbytes % 8
+            if pad:
+                parts.append(_PAD[pad])
+            size += nbytes + pad
+    parts[0] = _RAW_KEY + _varint(size, 5)
+    parts.append(header)
+    return b"".join(parts)
+
+
+class Unpacked:
+    """A framed message read back: ``message`` (the header) and its tensors, in order."""
+
+    __slots__ = ("_data", "_pos", "message")
+
+    def __init__(self, data: bytes, message_cls: Any) -> None:
+        if data[:3] == _RAW_KEY:
+            size = 0
+            for i, byte in enumerate(data[3:_PREFIX]):
+                size |= (byte & 0x7F) << (7 * i)
+            self.message = message_cls.FromString(data[_PREFIX + size :])
+            self._data, self._pos = data, _PREFIX
+        else:  # a message from another encoder: `raw` anywhere (or absent)
+            self.message = message_cls.FromString(data)
+            self._data, self._pos = self.message.raw, 0
+
+    def tensor(self, meta: pb.Tensor) -> torch.Tensor:
+        """The next tensor, described by ``meta`` (a view of the message's bytes)."""
+        if meta.data:
+            return from_proto(meta)
+        name = meta.dtype
+        shape = meta.shape
+        count = math.prod(shape)
+        if not count:
+            return torch.empty(tuple(shape), dtype=_DTYPES[name])
+        nbytes = count * _ITEMSIZE[name]
+        pos = self._pos
+        self._pos = pos + nbytes + (-nbytes % 8)
+        flat = torch.frombuffer(self._data, dtype=_DTYPES[name], count=count, offset=pos)
+        if flat.data_ptr() % 8:  # not where a tensor of this dtype may start
+            flat = flat.clone()
+        return flat if len(shape) == 1 else flat.view(tuple(shape))
+
+
+def unpack(data: bytes, message_cls: Any) -> Unpacked:
+    return Unpacked(data, message_cls)
 
 
 # A hook maps an object to a persistent id (or None); the loader maps it back.

@@ -26,6 +26,7 @@ from typing import Any
 import cloudpickle
 import grpc
 import torch
+from google.protobuf.message import DecodeError
 
 from strategyjob import _nest, errors
 from strategyjob.ps import _remote, _transport
@@ -43,6 +44,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+RUN_CLOSURE_STREAM = "/strategyjob.ps.Worker/RunClosureStream"
 CANCELLED_MESSAGE = "The corresponding function is cancelled. Please reschedule the function."
 ABORTED_MESSAGE = "The corresponding function is aborted. Please reschedule the function."
 QUEUE_LIMIT = 256 * 1024
@@ -353,11 +355,12 @@ class _Worker:
         self.traffic = [0, 0]  # bytes sent to / received from the worker (benchmarks)
         self._sent: set[str] = set()
         self._resources_built: set[int] = set()
-        self._run = _transport.unary(
-            address, "/strategyjob.ps.Worker/RunClosure", pb.Closure, pb.ClosureResult
-        )
-        self._create = _transport.unary(
-            address, "/strategyjob.ps.Worker/CreateResource", pb.Closure, pb.ClosureResult
+        # Bytes in and out: the loop serializes itself (and counts the bytes it moves).
+        # Closures go on a RunClosureStream call per loop thread, opened when needed and
+        # dropped when it fails (a new one follows the reconnection).
+        self._streams = threading.local()
+        self._create = _transport.channel(address).unary_unary(
+            "/strategyjob.ps.Worker/CreateResource"
         )
         self._status = _transport.unary(
             address, "/strategyjob.ps.Worker/GetStatus", pb.Ping, pb.Status
@@ -431,12 +434,34 @@ class _Worker:
             self._resources_built.add(resource.id)
 
     def _call(self, stub: Any, request: pb.Closure) -> pb.ClosureResult:
+        """``request`` to ``stub`` (a unary method), or on this thread's closure stream when
+        ``stub`` is None."""
+        stream = None
         try:
-            reply = stub(request, metadata=_transport.metadata())
-            self.traffic[0] += request.ByteSize()
-            self.traffic[1] += reply.ByteSize()
-            return reply
-        except grpc.RpcError as exc:
+            data = request.SerializeToString()
+            md = _transport.metadata()
+            if stub is not None:
+                reply = stub(data, metadata=md)
+            else:
+                stream = getattr(self._streams, "stream", None)
+                if stream is None or stream.metadata != md or not stream.alive():
+                    if stream is not None:
+                        stream.close()
+                    stream = self._streams.stream = _transport.Stream(
+                        self.address, RUN_CLOSURE_STREAM, md
+                    )
+                reply = stream.call(data)
+            self.traffic[0] += len(data)
+            self.traffic[1] += len(reply)
+            return pb.ClosureResult.FromString(reply)
+        except DecodeError as exc:  # as gRPC's own deserializer failing would be
+            raise _WorkerFailure(f"cannot decode the reply: {exc}") from None
+        except (grpc.RpcError, StopIteration) as exc:
+            if stream is not None:
+                stream.close()
+                self._streams.stream = None
+            if not isinstance(exc, grpc.RpcError):
+                raise _WorkerFailure("the worker ended the stream of closures") from None
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 _transport.raise_for_rpc_error(exc, self.name)
             raise _WorkerFailure(f"{exc.code().name}: {exc.details()}") from None
@@ -448,19 +473,24 @@ class _Worker:
         cap = float(os.environ.get("TF_COORDINATOR_SCHEDULE_START_DELAY_MAX", "0"))
         if delay:
             self._stop.wait(min(delay, cap) if cap else delay)
-        while not self._stop.is_set():
-            if self._down.is_set():
-                # Take no closure while the worker is unreachable: the others run them.
-                self._wait_for_return()
-                continue
-            closure = self._queue.get(timeout=0.5)
-            if closure is None:
-                continue
-            try:
-                self._process(closure)
-            except BaseException as exc:
-                closure.output._set_error(exc)
-                self._queue.mark_failed(exc)
+        try:
+            while not self._stop.is_set():
+                if self._down.is_set():
+                    # Take no closure while the worker is unreachable: the others run them.
+                    self._wait_for_return()
+                    continue
+                closure = self._queue.get(timeout=0.5)
+                if closure is None:
+                    continue
+                try:
+                    self._process(closure)
+                except BaseException as exc:
+                    closure.output._set_error(exc)
+                    self._queue.mark_failed(exc)
+        finally:
+            stream = getattr(self._streams, "stream", None)
+            if stream is not None:
+                stream.close()
 
     def _process(self, closure: _Closure) -> None:
         if self._down.is_set():
@@ -517,7 +547,7 @@ class _Worker:
                 request.function = function.payload
                 del request.function_tensors[:]
                 request.function_tensors.extend(function.tensors)
-            reply = self._call(self._run, request)
+            reply = self._call(None, request)
             if reply.error_kind != "missing_function":
                 self._sent.add(function.digest)
                 return reply

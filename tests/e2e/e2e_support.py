@@ -1,0 +1,278 @@
+"""The cluster the end-to-end suite runs against and the helpers its tests share.
+
+Two modes, same tests:
+
+* local (default): the control plane of ``tests/integration`` plus the node agent of
+  ``tests/node_agent`` (pods are local processes in their own network namespaces);
+* existing cluster: ``STRATEGYJOB_E2E_KUBECONFIG=<file>`` (e.g. kind, see ``kind.sh``).
+
+Either way the operator runs as pods of the Helm chart, jobs are applied with ``kubectl``
+and logs are read through the API server (``pods/log``), as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHART = REPO_ROOT / "helm" / "strategyjob-operator"
+EXAMPLES = REPO_ROOT / "examples"
+GROUP, VERSION, PLURAL = "strategyjob.dev", "v1alpha1", "strategyjobs"
+
+#: An existing cluster to run against instead of the local one.
+ENV_KUBECONFIG = "STRATEGYJOB_E2E_KUBECONFIG"
+#: ``<namespace>/<release>`` of an operator already installed (kind.sh installs one).
+ENV_RELEASE = "STRATEGYJOB_E2E_RELEASE"
+#: Extra ``helm install`` arguments, e.g. ``--set image.pullPolicy=Never``.
+ENV_HELM_ARGS = "STRATEGYJOB_E2E_HELM_ARGS"
+#: The image of the jobs' pods (default: the examples' own).
+ENV_WORKER_IMAGE = "STRATEGYJOB_E2E_WORKER_IMAGE"
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class Cluster:
+    """Where the suite runs: a kubeconfig, the kubectl and helm to use, and (local mode)
+    the node agent, whose pods the tests may also inspect as processes."""
+
+    kubeconfig: Path
+    kubectl_bin: str
+    helm_bin: str
+    local: Any = None  # node_agent.harness.LocalCluster in local mode
+
+    def __post_init__(self) -> None:
+        from kubernetes import client, config
+
+        self.api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def run(self, tool: str, *args: str, input: str | None = None, timeout: float = 120):
+        binary = self.kubectl_bin if tool == "kubectl" else self.helm_bin
+        proc = subprocess.run(
+            [binary, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise AssertionError(f"{tool} {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
+        return self.run("kubectl", *args, input=input, timeout=timeout)
+
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        return self.run("helm", *args, timeout=timeout)
+
+
+def tool(name: str, bin_dir: Path | None) -> str:
+    """``name`` from the control-plane build when there is one, else from PATH."""
+    if bin_dir is not None and (bin_dir / name).is_file():
+        return str(bin_dir / name)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"the end-to-end suite needs {name} on PATH")
+    return found
+
+
+class Namespace:
+    """A fresh namespace for one test, with the operations its tests perform."""
+
+    def __init__(self, cluster: Cluster, operator: tuple[str, str]) -> None:
+        self.cluster = cluster
+        self.operator = operator
+        self.name = f"e2e-{uuid.uuid4().hex[:6]}"
+        cluster.kubectl("create", "namespace", self.name)
+
+    def delete(self) -> None:
+        self.cluster.kubectl("delete", "namespace", self.name, "--wait=false")
+
+    # --- jobs ------------------------------------------------------------------------------------
+    def apply(self, manifest: dict[str, Any]) -> None:
+        """``kubectl apply`` the manifest into this namespace, as a user would."""
+        self.cluster.kubectl("apply", "-n", self.name, "-f", "-", input=yaml.safe_dump(manifest))
+
+    def job(self, name: str) -> dict[str, Any]:
+        return self.cluster.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.name, PLURAL, name
+        )
+
+    def wait_job(self, name: str, state: str, timeout: float) -> dict[str, Any]:
+        """Wait until the job's state is ``state``; fail at once (with its pods' logs) if it
+        ends in the other final state."""
+        final = {"Succeeded", "Failed"} - {state}
+
+        def reached() -> dict[str, Any] | None:
+            job = self.job(name)
+            current = (job.get("status") or {}).get("state")
+            if current in final:
+                raise AssertionError(f"job {name} is {current}, not {state}:\n{self.report(name)}")
+            return job if current == state else None
+
+        try:
+            return wait_for(f"job {name} to be {state}", reached, timeout, interval=0.5)
+        except AssertionError as e:
+            if "timed out" in str(e):
+                raise AssertionError(f"{e}\n{self.report(name)}") from None
+            raise
+
+    def report(self, name: str) -> str:
+        """What a failure needs: the job's status, its pods' states and the end of their
+        logs, and the operator's warnings."""
+        lines = [json.dumps((self.job(name).get("status") or {}), indent=1)]
+        for pod in self.pods(name):
+            meta, status = pod.metadata, pod.status
+            states = [
+                (c.name, {k: v for k, v in c.state.to_dict().items() if v})
+                for c in (status.init_container_statuses or []) + (status.container_statuses or [])
+            ]
+            lines.append(f"--- pod {meta.name} ({status.phase}): {states}")
+            lines.append(self.logs(meta.name)[-1500:])
+        namespace, release = self.operator
+        for pod in self.cluster.core.list_namespaced_pod(
+            namespace, label_selector=f"app.kubernetes.io/instance={release}"
+        ).items:
+            log = self.cluster.core.read_namespaced_pod_log(pod.metadata.name, namespace)
+            warnings = [
+                line for line in log.splitlines() if " WARNING " in line or " ERROR " in line
+            ]
+            lines.append(f"--- operator {pod.metadata.name}:")
+            lines.extend(warnings[-10:])
+        return "\n".join(lines)
+
+    # --- pods ------------------------------------------------------------------------------------
+    def pods(self, job: str) -> list[Any]:
+        return self.cluster.core.list_namespaced_pod(
+            self.name, label_selector=f"strategyjob.dev/job-name={job}"
+        ).items
+
+    def pod(self, name: str) -> Any | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.cluster.core.read_namespaced_pod(name, self.name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def logs(self, pod: str, previous: bool = False) -> str:
+        """The pod's log through the API server (``kubectl logs``); '' when it has none."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            log = self.cluster.core.read_namespaced_pod_log(pod, self.name, previous=previous)
+        except ApiException:
+            return ""
+        return log or ""  # the client gives None for an empty log
+
+    def wait_log(self, pod: str, pattern: str, timeout: float) -> re.Match[str]:
+        regex = re.compile(pattern, re.MULTILINE)
+        return wait_for(
+            f"{pattern!r} in the log of {pod}", lambda: regex.search(self.logs(pod)), timeout
+        )
+
+    def kill(self, pod: str) -> str:
+        """Kill the pod's training process, as the OOM killer or a node failure would.
+
+        Locally: SIGKILL to the container's process (the pod fails with exit code 137).
+        On another cluster the suite cannot reach the process (it is PID 1 of its
+        container, which ignores signals sent from inside), so the pod is force-deleted.
+        Returns the uid of the pod that was killed."""
+        obj = self.pod(pod)
+        assert obj is not None, f"pod {pod} does not exist"
+        if self.cluster.local is not None:
+            container_id = obj.status.container_statuses[0].container_id or ""
+            pid = int(container_id.removeprefix("nodeagent://"))
+            os.kill(pid, signal.SIGKILL)
+        else:
+            self.cluster.kubectl(
+                "delete", "pod", pod, "-n", self.name, "--grace-period=0", "--force"
+            )
+        return obj.metadata.uid
+
+
+def worker_image() -> str:
+    """The image of the jobs' pods: ``STRATEGYJOB_E2E_WORKER_IMAGE``, else the examples'."""
+    return os.environ.get(ENV_WORKER_IMAGE, "strategyjob-worker:0.1.0")
+
+
+def example(
+    name: str,
+    *,
+    env: dict[str, dict[str, str]] | None = None,
+    checkpoints: str | None = None,
+    keep_pods: bool = False,
+) -> dict[str, Any]:
+    """``examples/<name>/k8s.yaml`` with some env values changed (``env[replica type]``),
+    the worker image of ``STRATEGYJOB_E2E_WORKER_IMAGE``, with ``checkpoints`` its hostPath
+    checkpoint volume moved to that directory (mounted at the same path), and with
+    ``keep_pods`` cleanPodPolicy None (so that pods still running when the leader
+    succeeds, and their logs, stay)."""
+    manifest = yaml.safe_load((EXAMPLES / name / "k8s.yaml").read_text())
+    if keep_pods:
+        manifest["spec"].setdefault("runPolicy", {})["cleanPodPolicy"] = "None"
+    image = os.environ.get(ENV_WORKER_IMAGE)  # else the manifest's own
+    for replica_type, spec in manifest["spec"]["replicaSpecs"].items():
+        pod = spec["template"]["spec"]
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            if image:
+                container["image"] = image
+            for mount in container.get("volumeMounts", []):
+                if checkpoints and mount["name"] == "checkpoints":
+                    mount["mountPath"] = checkpoints
+            for entry in container.get("env", []):
+                if entry["name"] == "CHECKPOINT_DIR" and checkpoints:
+                    entry["value"] = entry["value"].replace("/checkpoints", checkpoints, 1)
+            for key, value in (env or {}).get(replica_type, {}).items():
+                entries = container.setdefault("env", [])
+                entries[:] = [e for e in entries if e["name"] != key]
+                entries.append({"name": key, "value": value})
+        for container in pod.get("initContainers", []):
+            container["command"] = [
+                part.replace("/checkpoints", checkpoints) if checkpoints else part
+                for part in container["command"]
+            ]
+        for volume in pod.get("volumes", []):
+            if checkpoints and volume["name"] == "checkpoints":
+                volume["hostPath"]["path"] = checkpoints
+    return manifest
+
+
+EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+): loss ([\d.]+)")
+STEP_LINE = re.compile(r"step (\d+)/(\d+): loss ([\d.]+)")
+
+
+def losses(log: str, line: re.Pattern[str] = EPOCH_LINE) -> list[tuple[int, float]]:
+    """``(epoch or step, loss)`` of every progress line of a log."""
+    return [(int(m.group(1)), float(m.group(3))) for m in line.finditer(log)]
+
+
+def assert_loss_goes_down(points: list[tuple[int, float]], what: str) -> None:
+    assert len(points) >= 3, f"{what}: too few progress lines to judge: {points}"
+    first, last = points[0][1], points[-1][1]
+    assert last < 0.5 * first, f"{what}: the loss did not go down: {points}"

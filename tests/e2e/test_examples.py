@@ -1,0 +1,85 @@
+"""The examples, applied with kubectl, train to the end: each job reaches Succeeded, its
+logs show the loss going down, and ``kubectl get sjob`` shows it in the CRD's columns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e.e2e_support import (
+    STEP_LINE,
+    Namespace,
+    assert_loss_goes_down,
+    example,
+    losses,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def get_sjob(ns: Namespace, name: str) -> dict[str, str]:
+    """``kubectl get sjob NAME`` (the short name) as ``{column: cell}``; the header must be
+    NAME then the installed CRD's printer columns, Strategy, State, Ready and Age among
+    them."""
+    crd = json.loads(ns.cluster.kubectl("get", "crd", "strategyjobs.strategyjob.dev", "-o=json"))
+    version = next(v for v in crd["spec"]["versions"] if v["storage"])
+    columns = [
+        c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")
+    ]
+    assert {"STRATEGY", "STATE", "READY", "AGE"} <= set(columns), columns
+    header, row = ns.cluster.kubectl("get", "sjob", name, "-n", ns.name).splitlines()
+    assert header.split() == ["NAME", *columns], header
+    starts = [header.index(column) for column in ["NAME", *columns]]
+    cells = [row[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+    return dict(zip(["NAME", *columns], cells))
+
+
+def assert_listed_as_succeeded(ns: Namespace, name: str, strategy: str, total: int) -> None:
+    row = get_sjob(ns, name)
+    assert (row["NAME"], row["STRATEGY"], row["STATE"]) == (name, strategy, "Succeeded"), row
+    assert row["READY"] == f"0/{total}", row  # nothing runs once the job is over
+
+
+def test_multi_worker_mirrored_example_succeeds(ns: Namespace, shared_dir: str):
+    ns.apply(
+        example(
+            "digits_mwms", env={"worker": {"EPOCHS": "4"}}, checkpoints=shared_dir, keep_pods=True
+        )
+    )
+    job = ns.wait_job("digits-mwms", "Succeeded", timeout=180)
+    assert job["status"]["restartCount"] == 0
+    worker0, worker1 = ns.logs("digits-mwms-worker-0"), ns.logs("digits-mwms-worker-1")
+    assert "2 replicas in sync, chief=True" in worker0
+    assert "2 replicas in sync, chief=False" in worker1
+    points = losses(worker0)
+    assert [epoch for epoch, _ in points] == [1, 2, 3, 4]
+    assert_loss_goes_down(points, "worker-0")
+    # Gradients are averaged across the pods: both report the same global metrics.
+    assert losses(worker1) == points
+    assert "saved checkpoint" in worker0
+    assert_listed_as_succeeded(ns, "digits-mwms", "MultiWorkerMirroredStrategy", 2)
+
+
+def test_central_storage_example_succeeds(ns: Namespace, shared_dir: str):
+    env = {"EPOCHS": "4", "CHECKPOINT_DIR": f"{shared_dir}/digits-central-storage"}
+    ns.apply(example("digits_central_storage", env={"worker": env}))
+    ns.wait_job("digits-central-storage", "Succeeded", timeout=180)
+    log = ns.logs("digits-central-storage-worker-0")
+    assert "2 replicas on" in log
+    points = losses(log)
+    assert [epoch for epoch, _ in points] == [1, 2, 3, 4]
+    assert_loss_goes_down(points, "worker-0")
+    assert_listed_as_succeeded(ns, "digits-central-storage", "CentralStorageStrategy", 1)
+
+
+def test_parameter_server_example_succeeds(ns: Namespace):
+    ns.apply(example("digits_ps", env={"chief": {"STEPS": "150", "LOG_EVERY": "30"}}))
+    ns.wait_job("digits-ps", "Succeeded", timeout=180)
+    chief = ns.logs("digits-ps-chief-0")
+    assert "coordinating 2 workers and 1 ps" in chief
+    points = losses(chief, STEP_LINE)
+    assert [step for step, _ in points] == [30, 60, 90, 120, 150]
+    assert_loss_goes_down(points, "chief-0")
+    assert "test accuracy" in chief
+    assert_listed_as_succeeded(ns, "digits-ps", "ParameterServerStrategy", 4)

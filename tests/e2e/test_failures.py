@@ -1,0 +1,112 @@
+"""Failures, as the operator must handle them on a real cluster: a ParameterServerStrategy
+worker killed mid-training is replaced alone and the job still succeeds; a
+MultiWorkerMirroredStrategy worker killed mid-training restarts the whole job, which
+resumes from the chief's backup; a job past its deadline fails with the reason."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from e2e.e2e_support import (
+    STEP_LINE,
+    Namespace,
+    assert_loss_goes_down,
+    example,
+    losses,
+    wait_for,
+    worker_image,
+)
+
+RESUMED = re.compile(r"restored the backup of epoch (\d+); resuming")
+
+
+def events(ns: Namespace, job: str) -> list[tuple[str, str]]:
+    items = ns.cluster.core.list_namespaced_event(
+        ns.name, field_selector=f"involvedObject.name={job}"
+    ).items
+    return [(e.reason, e.message) for e in items]
+
+
+@pytest.mark.timeout(240)
+def test_parameter_server_worker_killed_mid_training_job_succeeds(ns: Namespace):
+    # Long enough that the chief is still training when the operator replaces the worker.
+    ns.apply(example("digits_ps", env={"chief": {"STEPS": "1200", "LOG_EVERY": "60"}}))
+    ns.wait_log("digits-ps-chief-0", r"step 120/1200", timeout=150)
+    chief_uid = ns.pod("digits-ps-chief-0").metadata.uid
+    ns.kill("digits-ps-worker-1")
+
+    job = ns.wait_job("digits-ps", "Succeeded", timeout=180)
+    # Only the worker was replaced: the chief (the coordinator) ran on to the end.
+    assert job["status"]["replicaStatuses"]["worker"]["restarts"] == 1
+    assert job["status"]["replicaStatuses"]["chief"]["restarts"] == 0
+    assert ns.pod("digits-ps-chief-0").metadata.uid == chief_uid
+    reasons = events(ns, "digits-ps")
+    assert any(r == "ReplicaRestarting" and "worker-1" in m for r, m in reasons), reasons
+    assert not any(r == "JobRestarting" for r, _ in reasons), reasons
+    chief = ns.logs("digits-ps-chief-0")
+    points = losses(chief, STEP_LINE)
+    assert [step for step, _ in points] == list(range(60, 1201, 60)), chief
+    assert_loss_goes_down(points, "chief-0")
+
+
+@pytest.mark.timeout(300)
+def test_mirrored_worker_killed_restarts_the_job_which_resumes_from_its_backup(
+    ns: Namespace, shared_dir: str
+):
+    manifest = example(
+        "digits_mwms", env={"worker": {"EPOCHS": "30"}}, checkpoints=shared_dir, keep_pods=True
+    )
+    ns.apply(manifest)
+    ns.wait_log("digits-mwms-worker-0", r"epoch 3/30", timeout=150)
+    before = {p.metadata.name: p.metadata.uid for p in ns.pods("digits-mwms")}
+    ns.kill("digits-mwms-worker-1")
+
+    job = ns.wait_job("digits-mwms", "Succeeded", timeout=240)
+    assert job["status"]["restartCount"] == 1
+    reasons = events(ns, "digits-mwms")
+    assert any(r == "JobRestarting" and "worker-1" in m for r, m in reasons), reasons
+    after = {p.metadata.name: p.metadata.uid for p in ns.pods("digits-mwms")}
+    assert set(after) == set(before) and not set(after.values()) & set(before.values())
+
+    log = ns.logs("digits-mwms-worker-0")
+    resumed = RESUMED.search(log)
+    assert resumed, log
+    backup_epoch = int(resumed.group(1))
+    assert backup_epoch >= 3, log
+    points = losses(log)
+    assert [e for e, _ in points] == list(range(backup_epoch + 1, 31)), log
+    # The first epoch after the restart starts from the trained weights: its loss is far
+    # below a fresh start's (about 1.7 for the first epoch).
+    assert points[0][1] < 0.5, points
+    assert "saved checkpoint" in log
+
+
+@pytest.mark.timeout(120)
+def test_job_past_its_deadline_fails_with_the_reason(ns: Namespace):
+    sleeper = {
+        "name": "strategyjob",
+        "image": worker_image(),
+        "command": ["python", "-c", "import time; time.sleep(600)"],
+    }
+    ns.apply(
+        {
+            "apiVersion": "strategyjob.dev/v1alpha1",
+            "kind": "StrategyJob",
+            "metadata": {"name": "slow"},
+            "spec": {
+                "strategy": "MultiWorkerMirroredStrategy",
+                "replicaSpecs": {
+                    "worker": {"replicas": 2, "template": {"spec": {"containers": [sleeper]}}}
+                },
+                "runPolicy": {"activeDeadlineSeconds": 5},
+            },
+        }
+    )
+    job = ns.wait_job("slow", "Failed", timeout=90)
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "DeadlineExceeded"
+    assert "activeDeadlineSeconds=5" in failed["message"]
+    # Its running pods are stopped (SIGTERM) and removed.
+    wait_for("the job's pods to be gone", lambda: not ns.pods("slow"), timeout=60)
