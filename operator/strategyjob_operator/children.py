@@ -2,7 +2,7 @@
 and the job's own security objects: a ServiceAccount whose Role allows only ``get`` and
 ``patch`` on the leader's pod (where ``strategyjob.report`` publishes progress), a Secret
 with the job's token (``STRATEGYJOB_TOKEN``) and a NetworkPolicy that admits traffic only
-from the job's own pods.
+from the job's own pods; with a gang scheduler, its PodGroup (:mod:`.gang`).
 
 Pure functions of the job: names are deterministic (``<job>-<type>-<index>``), so an
 operator that restarts halfway through creating a job creates exactly the pods that are
@@ -19,6 +19,7 @@ from typing import Any
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
+from strategyjob_operator import gang
 
 
 def owner_reference(job_obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,7 +250,13 @@ def missing_pods(
     job: jobspec.StrategyJob,
     owner: Mapping[str, Any],
     replicas: Iterable[tuple[str, int]],
+    scheduler: gang.GangScheduler | None = None,
 ) -> list[dict[str, Any]]:
-    """The pods to create for ``replicas`` (those the decision found missing)."""
+    """The pods to create for ``replicas`` (those the decision found missing), members of
+    the job's PodGroup when a gang ``scheduler`` is configured."""
     cluster = jobspec.cluster_for_kubernetes(job)
-    return [build_pod(job, t, i, owner, cluster) for t, i in replicas]
+    pods = [build_pod(job, t, i, owner, cluster) for t, i in replicas]
+    if scheduler is not None:
+        for pod in pods:
+            gang.join_gang(pod, job, scheduler)
+    return pods

@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 
 from strategyjob_operator import constants as c
-from strategyjob_operator import metrics
+from strategyjob_operator import gang, metrics
 from strategyjob_operator.kube import Credentials, KubeApi
 from strategyjob_operator.reconcile import OperatorSettings, Reconciler
 
@@ -42,6 +42,7 @@ def settings_from_env() -> OperatorSettings:
     return OperatorSettings(
         max_in_flight=int(os.environ.get("STRATEGYJOB_MAX_IN_FLIGHT", "50")),
         metrics_port=int(port) if port and port != "0" else None,
+        gang_scheduler=gang.gang_scheduler(os.environ.get("STRATEGYJOB_GANG_SCHEDULER")),
     )
 
 

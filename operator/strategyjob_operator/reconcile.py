@@ -16,7 +16,7 @@ from typing import Any
 
 from strategyjob import jobspec
 
-from strategyjob_operator import children, decide, observe, progress
+from strategyjob_operator import children, decide, gang, observe, progress
 from strategyjob_operator import constants as c
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
 from strategyjob_operator.metrics import REGISTRY, Registry
@@ -41,6 +41,8 @@ class OperatorSettings:
     """Port of the Prometheus endpoint; None disables it."""
     min_reconcile_interval: float = 0.05
     """Seconds between two passes of one job, so a burst of pod events costs one pass."""
+    gang_scheduler: gang.GangScheduler | None = None
+    """The batch scheduler that gets each job's PodGroup; None: the default scheduler."""
 
 
 class Reconciler:
@@ -100,11 +102,15 @@ class Reconciler:
 
         retry = None
         extra_events: list[decide.Event] = []
+        scheduler = self.settings.gang_scheduler
         if plan.ensure_service:
             await self._ensure_job_objects(job, job_obj)
+            warning = gang.unhonoured_policy(job, scheduler)
+            if warning and not status.get("conditions"):  # once, when the job is new
+                extra_events.append(decide.Event("Warning", gang.REASON_NO_GANG_SCHEDULER, warning))
         if plan.create:
             owner = children.owner_reference(job_obj)
-            pods_to_create = children.missing_pods(job, owner, plan.create)
+            pods_to_create = children.missing_pods(job, owner, plan.create, scheduler)
             path = api.core_path(namespace, "pods")
             results = await bounded_gather(
                 [(lambda p=p: api.create(path, p)) for p in pods_to_create], limit
@@ -161,9 +167,10 @@ class Reconciler:
         return min(delays) if delays else None
 
     async def _ensure_job_objects(self, job: jobspec.StrategyJob, job_obj: dict[str, Any]) -> None:
-        """The job's headless Service and its security objects (ServiceAccount, Role,
-        RoleBinding, token Secret, NetworkPolicy), before its pods: all owned by the job,
-        created once (an existing one answers 409 and is kept, so the token stays)."""
+        """The job's headless Service, its security objects (ServiceAccount, Role,
+        RoleBinding, token Secret, NetworkPolicy) and its PodGroup, before its pods: all
+        owned by the job, created once (an existing one answers 409 and is kept, so the
+        token stays)."""
         api, ns = self.api, job.namespace
         owner = children.owner_reference(job_obj)
         rbac, net = "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"
@@ -176,11 +183,25 @@ class Reconciler:
             (api.core_path(ns, "secrets"), children.build_token_secret(job, owner, token)),
             (api.group_path(net, ns, "networkpolicies"), children.build_network_policy(job, owner)),
         ]
+        scheduler = self.settings.gang_scheduler
+        if scheduler is not None:
+            group = gang.build_pod_group(job, owner, scheduler)
+            wanted.append((api.group_path(scheduler.api_version, ns, "podgroups"), group))
         results = await bounded_gather(
             [(lambda p=p, o=o: api.create(p, o)) for p, o in wanted], self.settings.max_in_flight
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # pods without their ServiceAccount or Secret would not start
+            last = results[-1]
+            if scheduler is not None and isinstance(last, ApiError) and last.status == 404:
+                raise ApiError(
+                    404,
+                    "POST",
+                    wanted[-1][0],
+                    f"no PodGroup API {scheduler.api_version} in this cluster: install "
+                    f"{scheduler.name}, or unset the operator's gangScheduler "
+                    f"(STRATEGYJOB_GANG_SCHEDULER)",
+                ) from last
             raise errors[0]
 
     async def _invalid(

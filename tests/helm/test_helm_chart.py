@@ -82,6 +82,9 @@ SCHEMA_ERRORS = [
     pytest.param(["peering.priority=-1"], "at '/peering/priority'", id="priority"),
     pytest.param(["image.digest=latest"], "at '/image/digest'", id="digest"),
     pytest.param(["metrics.serviceMonitor.interval=often"], "interval", id="interval"),
+    pytest.param(
+        ["operator.gangScheduler=kueue"], "at '/operator/gangScheduler'", id="gang-scheduler"
+    ),
 ]
 
 
@@ -354,6 +357,38 @@ VALUE_CASES = [
             and pod["metadata"]["annotations"] == {"team": "ml"}
         ),
         id="scheduling",
+    ),
+    pytest.param(
+        ["operator.gangScheduler=volcano"],
+        lambda docs: (
+            env_of(docs)["STRATEGYJOB_GANG_SCHEDULER"] == "volcano"
+            and ("scheduling.volcano.sh", "podgroups", "create", ())
+            in rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
+        ),
+        id="gang-volcano",
+    ),
+    pytest.param(
+        ["operator.gangScheduler=scheduler-plugins", "watchNamespaces={team-a,team-b}"],
+        lambda docs: (
+            env_of(docs)["STRATEGYJOB_GANG_SCHEDULER"] == "scheduler-plugins"
+            and all(
+                ("scheduling.x-k8s.io", "podgroups", "create", ())
+                in rule_keys(only(docs, "Role", namespace=ns)["rules"])
+                for ns in ("team-a", "team-b")
+            )
+        ),
+        id="gang-scheduler-plugins-namespaced",
+    ),
+    pytest.param(
+        [],
+        lambda docs: (
+            "STRATEGYJOB_GANG_SCHEDULER" not in env_of(docs)
+            and not any(
+                key[1] == "podgroups"
+                for key in rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
+            )
+        ),
+        id="gang-off-by-default",
     ),
     pytest.param(
         ["operator.extraEnv[0].name=HTTPS_PROXY", "operator.extraEnv[0].value=http://proxy:3128"],

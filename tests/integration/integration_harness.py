@@ -32,9 +32,10 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 30.0, int
 class OperatorProcess:
     """The operator in its own process, as it runs in a cluster."""
 
-    def __init__(self, cp: ControlPlane, *extra: str) -> None:
+    def __init__(self, cp: ControlPlane, *extra: str, env: dict[str, str] | None = None) -> None:
         self.cp = cp
         self.extra = extra or ("--standalone", "-A")
+        self.env = env or {}
         self.proc: subprocess.Popen | None = None
         self.metrics_port = free_port()
         self.log = cp.dir / f"operator-{uuid.uuid4().hex[:6]}.log"
@@ -46,6 +47,7 @@ class OperatorProcess:
             "PYTHONPATH": f"{REPO_ROOT / 'sdk'}{os.pathsep}{REPO_ROOT / 'operator'}",
             "STRATEGYJOB_METRICS_PORT": str(self.metrics_port),
             "OMP_NUM_THREADS": "1",
+            **self.env,
         }
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

@@ -141,6 +141,12 @@ the two identical.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- with .Values.operator.gangScheduler }}
+# The job's PodGroup for the gang scheduler ({{ . }}), created once.
+- apiGroups: [{{ ternary "scheduling.volcano.sh" "scheduling.x-k8s.io" (eq . "volcano") }}]
+  resources: [podgroups]
+  verbs: [create]
+{{- end }}
 {{- end -}}
 
 {{/*

@@ -1,0 +1,143 @@
+"""Gang scheduling against the real API server: the PodGroup Volcano reads, owned by the job;
+pods sent to the gang scheduler; a clear error when the scheduler's API is missing; a Warning
+Event when no gang scheduler is configured but the job asks for one."""
+
+from __future__ import annotations
+
+import pytest
+from integration_harness import OperatorProcess, manifest, wait_for
+
+VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
+
+
+@pytest.fixture(scope="module")
+def volcano_pod_group_crd(control_plane):
+    """Volcano's PodGroup API (its schema reduced to "any object"): what the operator writes
+    to. Scheduler-plugins' PodGroup API is left uninstalled on purpose."""
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    ext = client.ApiextensionsV1Api(api_client)
+    name = f"podgroups.{VOLCANO_GROUP}"
+    body = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {
+            "group": VOLCANO_GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"},
+            "versions": [
+                {
+                    "name": VOLCANO_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    ext.create_custom_resource_definition(body)
+
+    def established():
+        conds = ext.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    wait_for("PodGroup CRD established", established, timeout=30)
+    try:
+        yield
+    finally:
+        ext.delete_custom_resource_definition(name)
+        api_client.close()
+
+
+def pod_groups(kube):
+    return kube.custom.list_namespaced_custom_object(
+        VOLCANO_GROUP, VOLCANO_VERSION, kube.ns, "podgroups"
+    )["items"]
+
+
+@pytest.mark.timeout(120)
+def test_volcano_gets_a_pod_group_owned_by_the_job(own_kube, control_plane, volcano_pod_group_crd):
+    kube = own_kube
+    op = OperatorProcess(
+        control_plane, "--standalone", "-n", kube.ns, env={"STRATEGYJOB_GANG_SCHEDULER": "volcano"}
+    ).start()
+    try:
+        policy = {"minAvailable": 2, "queue": "research"}
+        m = manifest(
+            "gang",
+            "MultiWorkerMirroredStrategy",
+            {"worker": 3},
+            run_policy={"schedulingPolicy": policy},
+        )
+        uid = kube.create_job(m)["metadata"]["uid"]
+        pods = kube.wait_pods("gang", 3)
+        (group,) = pod_groups(kube)
+        assert group["metadata"]["name"] == "gang"
+        assert group["spec"] == {"minMember": 2, "queue": "research"}
+        (ref,) = group["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["uid"], ref["controller"]) == ("StrategyJob", uid, True)
+        for pod in pods.values():
+            assert pod.spec.scheduler_name == "volcano"
+            assert pod.metadata.annotations["scheduling.k8s.io/group-name"] == "gang"
+        assert not [e for e in kube.events("gang") if e.type == "Warning"]
+
+        kube.delete_job("gang")
+        wait_for("PodGroup garbage-collected", lambda: not pod_groups(kube), timeout=60)
+    finally:
+        op.stop()
+
+
+@pytest.mark.timeout(90)
+def test_a_missing_pod_group_api_is_named_and_no_pod_starts_outside_the_gang(
+    own_kube, control_plane
+):
+    kube = own_kube
+    op = OperatorProcess(
+        control_plane,
+        "--standalone",
+        "-n",
+        kube.ns,
+        env={"STRATEGYJOB_GANG_SCHEDULER": "scheduler-plugins"},
+    ).start()
+    try:
+        kube.create_job(manifest("nogang", "MultiWorkerMirroredStrategy", {"worker": 2}))
+        wait_for(
+            "the missing API named in the operator's log",
+            lambda: (
+                "no PodGroup API scheduling.x-k8s.io/v1alpha1 in this cluster: install "
+                "scheduler-plugins" in op.output()
+            ),
+            timeout=60,
+        )
+        assert kube.pods("nogang") == {}
+    finally:
+        op.stop()
+
+
+@pytest.mark.timeout(60)
+def test_without_a_gang_scheduler_the_job_is_warned_and_still_runs(kube, operator):
+    m = manifest(
+        "hint",
+        "MultiWorkerMirroredStrategy",
+        {"worker": 2},
+        run_policy={"schedulingPolicy": {"minAvailable": 2}},
+    )
+    kube.create_job(m)
+    pods = kube.wait_pods("hint", 2)
+    assert all(p.spec.scheduler_name == "default-scheduler" for p in pods.values())
+
+    def warning():
+        return [e for e in kube.events("hint") if e.reason == "GangSchedulingUnavailable"]
+
+    (event,) = wait_for("the Warning Event", warning, timeout=30)
+    assert event.type == "Warning"
+    assert event.message.startswith(
+        "spec.runPolicy.schedulingPolicy: minAvailable (2) will not be honoured"
+    )
