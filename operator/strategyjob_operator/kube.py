@@ -60,6 +60,10 @@ class Credentials:
         )
 
 
+#: Accept header for an object's metadata alone.
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
 class KubeApi:
     """JSON-in, JSON-out calls; one session, at most ``max_in_flight`` connections."""
 
@@ -108,14 +112,18 @@ class KubeApi:
         body: Any = None,
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        accept: str | None = None,
     ) -> dict[str, Any]:
         data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else {}
+        if accept:
+            headers["Accept"] = accept
         async with self._get_session().request(
             method,
             self.creds.server + path,
             data=data,
             params=params,
-            headers={"Content-Type": content_type} if data is not None else None,
+            headers=headers or None,
         ) as resp:
             text = await resp.text()
             if resp.status >= 400:
@@ -148,6 +156,16 @@ class KubeApi:
         """The object, or None when it does not exist."""
         try:
             return await self.request("GET", path)
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def get_metadata(self, path: str) -> dict[str, Any] | None:
+        """The object's metadata only (``PartialObjectMetadata``: a Secret's data is never
+        read), or None when it does not exist."""
+        try:
+            return await self.request("GET", path, accept=PARTIAL_METADATA)
         except ApiError as e:
             if e.status == 404:
                 return None

@@ -74,6 +74,22 @@ def _owned_by(pod: Mapping[str, Any], owner_uid: str) -> bool:
     return any(r.get("controller") and r.get("uid") == owner_uid for r in refs)
 
 
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the StrategyJob that controls ``obj`` (None: no StrategyJob does)."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    for ref in refs:
+        if ref.get("controller") and ref.get("kind") == c.KIND:
+            return ref.get("uid")
+    return None
+
+
+def left_by_earlier_job(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """True for a child of an earlier StrategyJob of the same name (deleted, then created
+    again before the garbage collector removed its children)."""
+    uid = controller_uid(obj)
+    return uid is not None and uid != owner_uid
+
+
 def observe(
     job: jobspec.StrategyJob, pods: Iterable[Mapping[str, Any]], owner_uid: str | None = None
 ) -> dict[tuple[str, int], Replica]:

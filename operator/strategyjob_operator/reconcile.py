@@ -25,6 +25,13 @@ logger = logging.getLogger("strategyjob_operator")
 
 #: Seconds before retrying when some pods could not be created.
 CREATE_RETRY_SECONDS = 5.0
+#: Seconds between passes while the pods of an earlier job of the same name are going.
+STALE_RETRY_SECONDS = 1.0
+
+
+class StaleChildError(Exception):
+    """An object of an earlier job of the same name was in the way (now being deleted); the
+    pass is retried."""
 
 
 def utcnow() -> datetime:
@@ -81,7 +88,11 @@ class Reconciler:
             return await self._invalid(job_obj, status, str(e), now)
 
         pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
-        replicas = observe.observe(job, pods, job_obj["metadata"].get("uid"))
+        uid = job_obj["metadata"].get("uid")
+        stale = [p for p in pods if uid and observe.left_by_earlier_job(p, uid)]
+        if stale:
+            return await self._remove_stale_pods(namespace, name, stale)
+        replicas = observe.observe(job, pods, uid)
         plan = decide.decide(job, job_obj["metadata"].get("generation", 0), status, replicas, now)
         if plan.action is not decide.Action.NONE:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
@@ -187,8 +198,10 @@ class Reconciler:
         if scheduler is not None:
             group = gang.build_pod_group(job, owner, scheduler)
             wanted.append((api.group_path(scheduler.api_version, ns, "podgroups"), group))
+        uid = job_obj["metadata"]["uid"]
         results = await bounded_gather(
-            [(lambda p=p, o=o: api.create(p, o)) for p, o in wanted], self.settings.max_in_flight
+            [(lambda p=p, o=o: self._create_child(p, o, uid)) for p, o in wanted],
+            self.settings.max_in_flight,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # pods without their ServiceAccount or Secret would not start
@@ -203,6 +216,50 @@ class Reconciler:
                     f"(STRATEGYJOB_GANG_SCHEDULER)",
                 ) from last
             raise errors[0]
+
+    async def _create_child(self, collection: str, obj: dict[str, Any], uid: str) -> None:
+        """Create one of the job's objects; one already there is kept, unless an earlier job
+        of the same name left it: that one is deleted and the pass retried, or the garbage
+        collector would remove it from under this job later."""
+        if await self.api.create(collection, obj):
+            return
+        meta = obj["metadata"]
+        path = f"{collection}/{meta['name']}"
+        existing = await self.api.get_metadata(path)
+        if existing is not None and not observe.left_by_earlier_job(existing, uid):
+            return
+        if existing is not None:
+            await self.api.delete(path)
+        raise StaleChildError(
+            f"{obj['kind']} {meta['namespace']}/{meta['name']} was left by an earlier "
+            f"StrategyJob of the same name; deleted it, and will create it again"
+        )
+
+    async def _remove_stale_pods(
+        self, namespace: str, name: str, stale: list[dict[str, Any]]
+    ) -> float:
+        """Delete what is left of the pods of an earlier job of the same name before this job
+        creates any: they hold its pod names, and their later removal would look like failures
+        of this job's replicas."""
+        api = self.api
+        live = [p["metadata"]["name"] for p in stale if not p["metadata"].get("deletionTimestamp")]
+        logger.info(
+            "StrategyJob %s/%s: waiting for %d pods of an earlier job of the same name to go",
+            namespace,
+            name,
+            len(stale),
+        )
+        results = await bounded_gather(
+            [
+                (lambda n=n: api.delete(api.core_path(namespace, "pods", n), grace_seconds=0))
+                for n in live
+            ],
+            self.settings.max_in_flight,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        return STALE_RETRY_SECONDS
 
     async def _invalid(
         self, job_obj: dict[str, Any], status: dict[str, Any], problem: str, now: datetime

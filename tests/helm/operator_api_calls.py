@@ -32,6 +32,9 @@ class Call:
     #: True for a verb the operator holds only so that it may grant it to each job's Role
     #: (RBAC refuses to create a Role with verbs its creator lacks); it never calls it.
     delegated: bool = False
+    #: Non-empty for a call made only in a situation the audited chart run does not stage
+    #: (it names the situation); the chart must still grant it.
+    only_when: str = ""
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -46,11 +49,41 @@ def _calls(
     scope: Literal["watched", "cluster"] = "watched",
     own_peering_only_verbs: tuple[str, ...] = (),
     delegated: bool = False,
+    only_when: dict[str, str] | None = None,
 ) -> list[Call]:
     return [
-        Call(group, resource, verb, mode, scope, verb in own_peering_only_verbs, by, delegated)
+        Call(
+            group,
+            resource,
+            verb,
+            mode,
+            scope,
+            verb in own_peering_only_verbs,
+            by,
+            delegated,
+            (only_when or {}).get(verb, ""),
+        )
         for verb, by in verbs.items()
     ]
+
+
+LEFTOVERS = "a job is created again before the children of its namesake are deleted"
+FOUND = "a pass finds the object there (a whole-job restart, an operator restarted mid-creation)"
+
+
+def _job_object_calls(group: str, resource: str, what: str) -> list[Call]:
+    """The calls on one of the objects ``reconcile._ensure_job_objects`` creates once."""
+    where = "reconcile.Reconciler._create_child"
+    return _calls(
+        group,
+        resource,
+        {
+            "create": f"{where}: {what} (409: an existing one is kept if this job owns it)",
+            "get": f"{where}: on 409, the existing object's metadata (PartialObjectMetadata)",
+            "delete": f"{where}: on 409, one an earlier job of the same name left behind",
+        },
+        only_when={"get": FOUND, "delete": LEFTOVERS},
+    )
 
 
 SJ = "strategyjob.dev"
@@ -99,31 +132,15 @@ CALLS: list[Call] = [
         },
         delegated=True,
     ),
-    *_calls("", "services", {"create": "reconcile: the job's headless Service (409 kept)"}),
-    *_calls(
-        "",
-        "serviceaccounts",
-        {"create": "reconcile._ensure_job_objects: the job's ServiceAccount (409 kept)"},
+    *_job_object_calls("", "services", "the job's headless Service"),
+    *_job_object_calls("", "serviceaccounts", "the job's ServiceAccount"),
+    *_job_object_calls("", "secrets", "the job's token Secret (metadata only, never its data)"),
+    *_job_object_calls("rbac.authorization.k8s.io", "roles", "get/patch on the job's leader pod"),
+    *_job_object_calls(
+        "rbac.authorization.k8s.io", "rolebindings", "the job's Role to its ServiceAccount"
     ),
-    *_calls(
-        "",
-        "secrets",
-        {"create": "reconcile._ensure_job_objects: the job's token Secret (409 kept)"},
-    ),
-    *_calls(
-        "rbac.authorization.k8s.io",
-        "roles",
-        {"create": "reconcile._ensure_job_objects: get/patch on the job's leader pod"},
-    ),
-    *_calls(
-        "rbac.authorization.k8s.io",
-        "rolebindings",
-        {"create": "reconcile._ensure_job_objects: the job's Role to its ServiceAccount"},
-    ),
-    *_calls(
-        "networking.k8s.io",
-        "networkpolicies",
-        {"create": "reconcile._ensure_job_objects: ingress only from the job's own pods"},
+    *_job_object_calls(
+        "networking.k8s.io", "networkpolicies", "ingress only from the job's own pods"
     ),
     *_calls("", "events", {"create": "kube.KubeApi.post_event: the job's Events"}),
     *_calls(

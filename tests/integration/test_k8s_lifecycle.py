@@ -237,6 +237,65 @@ def test_deleting_the_job_deletes_its_pods_and_service(kube, operator):
     assert services is not None
 
 
+HOLD = "test.strategyjob.dev/hold"
+
+
+def test_a_job_created_again_before_its_old_children_are_gone_gets_its_own(kube, operator):
+    """``kubectl delete`` then ``kubectl apply`` at once: the old pod, Service and Secret are
+    still terminating (held here by a finalizer, as a slow garbage collector would leave them).
+    The new job waits for them, then creates its own; nothing counts as a failure."""
+    old_uid = kube.create_job(manifest("again", "MultiWorkerMirroredStrategy", {"worker": 2}))[
+        "metadata"
+    ]["uid"]
+    kube.wait_pods("again", 2)
+    wait_for("Secret", lambda: kube.core.read_namespaced_secret("again-token", kube.ns))
+    hold = {"metadata": {"finalizers": [HOLD]}}
+    kube.core.patch_namespaced_pod("again-worker-0", kube.ns, hold)
+    kube.core.patch_namespaced_service("again", kube.ns, hold)
+    kube.core.patch_namespaced_secret("again-token", kube.ns, hold)
+    kube.delete_job("again")
+    wait_for("job gone", lambda: kube.job("again") is None)
+
+    new_uid = kube.create_job(manifest("again", "MultiWorkerMirroredStrategy", {"worker": 2}))[
+        "metadata"
+    ]["uid"]
+    wait_for(
+        "the operator waiting for the old pod",
+        lambda: (
+            f"StrategyJob {kube.ns}/again: waiting for 1 pods of an earlier job"
+            in operator.output()
+        ),
+    )
+    assert list(kube.pods("again")) == ["again-worker-0"]  # the held old one, nothing new
+    old_pod = kube.pods("again")["again-worker-0"]
+    assert old_pod.metadata.owner_references[0].uid == old_uid
+
+    release = {"metadata": {"finalizers": None}}
+    kube.core.patch_namespaced_pod("again-worker-0", kube.ns, release)
+    kube.core.patch_namespaced_service("again", kube.ns, release)
+    kube.core.patch_namespaced_secret("again-token", kube.ns, release)
+
+    def owner(read):
+        try:
+            return read().metadata.owner_references[0].uid
+        except Exception:  # not there (yet)
+            return None
+
+    pods = new_uids(kube, "again", {old_pod.metadata.uid}, 2)
+    assert {p.metadata.owner_references[0].uid for p in pods.values()} == {new_uid}
+    for what, read in [
+        ("Service", lambda: kube.core.read_namespaced_service("again", kube.ns)),
+        ("Secret", lambda: kube.core.read_namespaced_secret("again-token", kube.ns)),
+        ("ServiceAccount", lambda: kube.core.read_namespaced_service_account("again", kube.ns)),
+    ]:
+        wait_for(f"the new job's {what}", lambda read=read: owner(read) == new_uid, timeout=60)
+    for pod in pods:
+        kube.set_phase(pod, "Running")
+    kube.wait_condition("again", "Running")
+    status = kube.job("again")["status"]
+    assert status["restartCount"] == 0 and kube.condition("again", "Failed") is None
+
+
 def test_evaluator_failure_does_not_fail_the_job(kube, operator):
     m = manifest("ev", "MultiWorkerMirroredStrategy", {"worker": 1, "evaluator": 1})
     start(kube, m, 2)

@@ -124,19 +124,21 @@ the two identical.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, create, delete, get, patch]
-# The job's headless Service, ServiceAccount and token Secret (created once; an existing one
-# answers 409 and is kept). The operator never reads Secrets.
+# The job's objects below are created once; on 409 the operator reads the existing one's
+# metadata (get as PartialObjectMetadata: a Secret's data is never read) and deletes it if an
+# earlier job of the same name left it there, before the garbage collector got to it.
+# The job's headless Service, ServiceAccount and token Secret.
 - apiGroups: [""]
   resources: [services, serviceaccounts, secrets]
-  verbs: [create]
+  verbs: [create, get, delete]
 # The job's Role (get and patch on its leader pod) and the RoleBinding to its ServiceAccount.
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [create]
+  verbs: [create, get, delete]
 # The job's NetworkPolicy: ingress only from the job's own pods.
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [create]
+  verbs: [create, get, delete]
 # The job's Events (the reconciler posts its own; kopf's posting is off).
 - apiGroups: [""]
   resources: [events]
@@ -145,7 +147,7 @@ the two identical.
 # The job's PodGroup for the gang scheduler ({{ . }}), created once.
 - apiGroups: [{{ ternary "scheduling.volcano.sh" "scheduling.x-k8s.io" (eq . "volcano") }}]
   resources: [podgroups]
-  verbs: [create]
+  verbs: [create, get, delete]
 {{- end }}
 {{- end -}}
 

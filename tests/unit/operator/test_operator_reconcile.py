@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import pytest
 from strategyjob_operator.kube import KubeApi
 from strategyjob_operator.metrics import Registry
-from strategyjob_operator.reconcile import Reconciler
+from strategyjob_operator.reconcile import Reconciler, StaleChildError
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}
@@ -143,3 +144,49 @@ def test_the_leaders_progress_annotation_reaches_the_status_once():
     api.calls.clear()
     run(api)  # the same report: no write
     assert api.calls == []
+
+
+def earlier(obj, uid="old"):
+    obj["metadata"]["ownerReferences"] = [{"kind": "StrategyJob", "uid": uid, "controller": True}]
+    return obj
+
+
+def test_pods_of_an_earlier_job_of_the_same_name_go_before_anything_is_created():
+    """Deleted and created again before the garbage collector ran: the old pods hold the
+    names, and their removal later must not count as failures of the new job."""
+    going = earlier(pod(1, "Running"))
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T11:59:59Z"
+    api = FakeApi(job_obj(), [earlier(pod(0, "Running")), going])
+    assert run(api) == 1.0  # a pass again soon
+    assert api.calls == [("delete", "j-worker-0")]  # no creation, no status, no Event
+
+
+class HeldApi(FakeApi):
+    """Every job object already exists, controlled by ``holder``."""
+
+    def __init__(self, holder):
+        super().__init__(job_obj(), [])
+        self.holder = holder
+
+    async def create(self, path, obj):
+        self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+        return obj["kind"] == "Pod"
+
+    async def get_metadata(self, path):
+        self.calls.append(("get", path.rsplit("/", 1)[-1]))
+        return earlier({"metadata": {"name": path.rsplit("/", 1)[-1]}}, self.holder)
+
+
+def test_objects_of_an_earlier_job_are_deleted_and_the_pass_retried():
+    api = HeldApi("old")
+    with pytest.raises(StaleChildError, match="Service ns/j was left by an earlier StrategyJob"):
+        run(api)
+    assert ("delete", "j") in api.calls and ("delete", "j-token") in api.calls
+    assert not [c for c in api.calls if c[:2] == ("create", "Pod") or c[0] == "patch"]
+
+
+def test_objects_this_job_already_owns_are_kept():
+    api = HeldApi("u")  # the operator restarted after creating them
+    run(api)
+    assert not [c for c in api.calls if c[0] == "delete"]
+    assert ("create", "Pod", "j-worker-1") in api.calls
