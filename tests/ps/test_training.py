@@ -76,8 +76,7 @@ def test_sharded_embedding_model_trains(shared_cluster):
     values = [float(rv.fetch()) for rv in losses]
     assert sum(values[-5:]) / 5 < 0.75 * sum(values[:5]) / 5, values
 
-    strategy.extended._pull_parameters(model.parameters())
-    trained = model.emb.weight.detach()
+    trained = model.state_dict()["emb.weight"]  # the chief's state_dict reads the ps
     assert not torch.equal(trained[:400], initial[:400])
     # Sparse updates: rows no batch touched are exactly as initialised.
     assert torch.equal(trained[400:], initial[400:])
@@ -106,9 +105,9 @@ def test_optimizer_rule_runs_on_the_ps(shared_cluster):
         ref_opt.zero_grad()
         reference(x).pow(2).sum().backward()
         ref_opt.step()
-    strategy.extended._pull_parameters(layer.parameters())
-    torch.testing.assert_close(layer.weight, reference.weight)
-    torch.testing.assert_close(layer.bias, reference.bias)
+    got = layer.state_dict()
+    torch.testing.assert_close(got["weight"], reference.weight.detach())
+    torch.testing.assert_close(got["bias"], reference.bias.detach())
 
 
 def test_sharded_embedding_step_matches_local_step(shared_cluster):
@@ -133,6 +132,53 @@ def test_sharded_embedding_step_matches_local_step(shared_cluster):
     ref_opt.zero_grad()
     F.cross_entropy(reference(ids), labels).backward()
     ref_opt.step()
-    strategy.extended._pull_parameters(model.parameters())
+    with torch.no_grad():  # a forward pass on the chief reads the trained values first
+        torch.testing.assert_close(model(ids), reference(ids))
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got, want)
+
+
+def test_chief_state_dict_round_trip_restores_the_ps(shared_cluster):
+    """Save on the chief after training; a new chief (a restarted one) builds the model,
+    loads the checkpoint, and the workers compute with the restored values; nothing is pulled
+    again while nothing was scheduled."""
+    strategy = ParameterServerStrategy(shared_cluster.resolver(), FixedShardsPartitioner(2))
+    with strategy.scope():
+        torch.manual_seed(4)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ids = torch.tensor([[1, 2, 600, 999], [3, 4, 5, 6]])
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(ids), torch.tensor([1, 2])).backward()
+        opt.step()
+
+    coordinator = ClusterCoordinator(strategy)
+    for _ in range(3):
+        coordinator.schedule(step)
+    coordinator.join()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    pulls = []
+    original = strategy.extended._pull_parameters
+    strategy.extended._pull_parameters = lambda params: pulls.append(1) or original(params)
+    model.state_dict()
+    with torch.no_grad():
+        model(ids)
+    assert pulls == [], "pulled again though nothing was scheduled"
+
+    restarted = ParameterServerStrategy(shared_cluster.resolver(), FixedShardsPartitioner(2))
+    with restarted.scope():
+        torch.manual_seed(5)  # other initial values
+        fresh = Net()
+    fresh.load_state_dict(saved)  # after the scope: pushed to the ps
+
+    def forward():
+        with torch.no_grad():
+            return fresh(ids)
+
+    on_worker = ClusterCoordinator(restarted).schedule(forward).fetch()
+    with torch.no_grad():
+        local = Net()
+        local.load_state_dict(saved)
+        torch.testing.assert_close(torch.as_tensor(on_worker), local(ids))

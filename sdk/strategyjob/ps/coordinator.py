@@ -306,6 +306,10 @@ class _ClosureQueue:
 
     def done(self) -> bool:
         self.raise_if_error()
+        return self.idle()
+
+    def idle(self) -> bool:
+        """Nothing queued or running (errors aside)."""
         with self._cond:
             return not self._queue and self._inflight == 0
 
@@ -659,7 +663,9 @@ class ClusterCoordinator:
                     "scheduled function is not yet supported."
                 )
         self._queue.raise_if_error()
-        self._strategy.extended._flush_parameters()
+        extended = self._strategy.extended
+        extended._flush_parameters()
+        extended._ps_epoch += 1  # whatever the chief pulled may change now
         closure = _Closure(self._shipped(fn), args, kwargs)
         self._queue.put(closure)
         return closure.output

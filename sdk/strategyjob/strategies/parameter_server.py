@@ -23,7 +23,7 @@ from torch.nn.modules import module as _module
 from strategyjob import _context, _variables
 from strategyjob._devices import LogicalDevice
 from strategyjob.cluster_resolver.multi_worker_util import validate_cluster_spec
-from strategyjob.ps import _remote, _transport
+from strategyjob.ps import _module_sync, _remote, _transport
 from strategyjob.ps.partitioners import div_partition, num_partitions
 from strategyjob.ps.sharded_variable import ShardedVariable
 from strategyjob.strategies.base import Strategy, StrategyExtended, _SingleReplicaExtendedMixin
@@ -62,6 +62,10 @@ def _hook_first() -> None:
         hooks.move_to_end(_owner_hook.id, last=False)
 
 
+def _shards(ref: Any) -> tuple:
+    return ref.shards if isinstance(ref, _remote.ShardedParamRef) else (ref,)
+
+
 class _PSDataset:
     """What ``experimental_distribute_dataset`` returns: usable only through the coordinator."""
 
@@ -87,6 +91,9 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         self._lock = threading.Lock()
         self._colocate_with: Any = None
         self._pending: list[tuple[torch.nn.Parameter, Any]] = []
+        #: Bumped by every ``ClusterCoordinator.schedule``: the chief's copies of module
+        #: parameters pulled at an older epoch may be stale (``ps._module_sync``).
+        self._ps_epoch = 0
         self._uid = uuid.uuid4().hex[:8]
         self._names: defaultdict[str, int] = defaultdict(int)
         self._logical_devices = (LogicalDevice("cpu", 0),)
@@ -233,6 +240,8 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         param._sj_ref = refs[0] if n <= 1 else _remote.ShardedParamRef(tuple(refs))
         with self._lock:
             self._pending.append((param, param._sj_ref))
+        if module is not None:
+            _module_sync.track(module, self)
         return None
 
     def _flush_parameters(self) -> None:
@@ -259,18 +268,46 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
 
     def _pull_parameters(self, params: Any) -> None:
         """Copy the ps values of ``params`` (module parameters created in scope) into the
-        coordinator's tensors, e.g. to evaluate or save the model after training."""
+        coordinator's tensors (``ps._module_sync`` calls it before the chief uses a module)."""
         self._flush_parameters()
+        wanted = [(p, _shards(p._sj_ref)) for p in params if getattr(p, "_sj_ref", None)]
+        reads: defaultdict[int, list] = defaultdict(list)
+        for _, shards in wanted:
+            for shard in shards:
+                reads[shard.task].append(shard.key)
+        values = {}  # one round trip per ps
+        for task, keys in reads.items():
+            results = _transport.run_ps_ops(task, [_remote.var_op("read", k) for k in keys])
+            values.update(zip(keys, results))
+        with torch.no_grad():
+            for param, shards in wanted:
+                parts = [values[s.key] for s in shards]
+                param.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
+
+    def _push_parameters(self, params: Any) -> None:
+        """Assign the coordinator's values of ``params`` to their ps variables (after
+        ``load_state_dict`` on the chief)."""
+        self._flush_parameters()
+        ops: defaultdict[int, list] = defaultdict(list)
         for param in params:
             ref = getattr(param, "_sj_ref", None)
             if ref is None:
                 continue
-            shards = ref.shards if isinstance(ref, _remote.ShardedParamRef) else (ref,)
-            parts = [
-                _transport.run_ps_ops(s.task, [_remote.var_op("read", s.key)])[0] for s in shards
-            ]
-            with torch.no_grad():
-                param.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
+            value, offset = param.detach(), 0
+            for shard in _shards(ref):
+                size = shard.shape[0] if shard.shape else None
+                part = (
+                    value if size is None or size == len(value) else value[offset : offset + size]
+                )
+                offset += size or 0
+                ops[shard.task].append(_remote.var_op("assign", shard.key, part))
+        for task, task_ops in ops.items():
+            _transport.run_ps_ops(task, task_ops, wait=True)
+
+    def _ps_idle(self) -> bool:
+        """No scheduled function is queued or running (so the ps values are settled)."""
+        coordinator = getattr(self._container_strategy(), "_cluster_coordinator", None)
+        return coordinator is None or coordinator._queue.idle()
 
     # --- run ------------------------------------------------------------------------------
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

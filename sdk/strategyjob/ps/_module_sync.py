@@ -1,0 +1,75 @@
+"""The coordinator's copies of module parameters follow the parameter servers.
+
+Module parameters created in a ``ParameterServerStrategy``'s scope live on the ps; the chief
+keeps tensors of the same shapes, which scheduled functions never touch. TensorFlow's
+coordinator reads its variables from the ps, so that saving or evaluating the model after
+training sees the trained values; here the chief's usual torch calls do the same:
+
+* ``state_dict()`` and a forward pass on the chief first pull the module's parameters from the
+  ps, unless nothing was scheduled since the last pull and nothing is still running;
+* ``load_state_dict()`` on the chief pushes the loaded values to the ps (restoring a checkpoint
+  when a restarted chief rebuilds its model).
+
+The hooks travel with the module to the workers, where they do nothing: only the chief's
+modules are registered here.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["track"]
+
+
+@dataclass
+class _Sync:
+    extended: weakref.ReferenceType
+    epoch: int = -1
+    """``extended._ps_epoch`` when the chief's copies were last known equal to the ps."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_tracked: weakref.WeakKeyDictionary[torch.nn.Module, _Sync] = weakref.WeakKeyDictionary()
+
+
+def track(module: torch.nn.Module, extended: Any) -> None:
+    """Keep ``module``'s own parameters (created in ``extended``'s scope) in step with the ps."""
+    if module in _tracked:
+        return
+    _tracked[module] = _Sync(weakref.ref(extended))
+    module.register_forward_pre_hook(_pull)
+    module.register_state_dict_pre_hook(_pull)
+    module.register_load_state_dict_post_hook(_push)
+
+
+def _own_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in module.parameters(recurse=False) if getattr(p, "_sj_ref", None) is not None]
+
+
+def _pull(module: torch.nn.Module, *_: Any) -> None:
+    sync = _tracked.get(module)
+    extended = sync.extended() if sync is not None else None
+    if extended is None:  # a worker's copy of the module, or the strategy is gone
+        return None
+    with sync.lock:
+        epoch, idle = extended._ps_epoch, extended._ps_idle()
+        if sync.epoch == epoch and idle:
+            return None
+        extended._pull_parameters(_own_parameters(module))
+        sync.epoch = epoch if idle else -1
+    return None
+
+
+def _push(module: torch.nn.Module, _incompatible_keys: Any) -> None:
+    sync = _tracked.get(module)
+    extended = sync.extended() if sync is not None else None
+    if extended is None:
+        return
+    with sync.lock:
+        extended._push_parameters(_own_parameters(module))
+        sync.epoch = extended._ps_epoch if extended._ps_idle() else -1
