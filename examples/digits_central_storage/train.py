@@ -90,6 +90,12 @@ for epoch in range(EPOCHS):
         f"({time.perf_counter() - started:.2f}s)",
         flush=True,
     )
+    strategyjob.report(
+        step=epoch + 1,
+        total_steps=EPOCHS,
+        loss=round(loss_sum / seen, 4),
+        test_accuracy=round(test_correct / test_seen, 4),
+    )
 
 if strategy.extended.should_checkpoint:
     checkpoint_dir = Path(os.environ.get("CHECKPOINT_DIR", "checkpoints"))

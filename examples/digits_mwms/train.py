@@ -109,6 +109,14 @@ for epoch in range(first_epoch, EPOCHS):
         f"accuracy {correct_sum / seen:.4f}, test accuracy {test_correct / test_seen:.4f} "
         f"({time.perf_counter() - started:.2f}s)"
     )
+    # Reaches the launcher's status line, or the StrategyJob's status.progress in a cluster
+    # (only the leader publishes; the other workers' calls do nothing).
+    strategyjob.report(
+        step=epoch + 1,
+        total_steps=EPOCHS,
+        loss=round(loss_sum / seen, 4),
+        test_accuracy=round(test_correct / test_seen, 4),
+    )
     if is_chief:  # written whole, then renamed: a restart never reads half a backup
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}

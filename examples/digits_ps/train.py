@@ -94,6 +94,7 @@ for done in range(LOG_EVERY, STEPS + 1, LOG_EVERY):
     coordinator.join()
     mean = sum(float(loss.fetch()) for loss in losses) / len(losses)
     log(f"step {done}/{STEPS}: loss {mean:.4f} ({time.perf_counter() - started:.1f}s)")
+    strategyjob.report(step=done, total_steps=STEPS, loss=round(mean, 4))
 
 accuracy = float(coordinator.schedule(test_accuracy).fetch())
 log(f"test accuracy {accuracy:.4f}")

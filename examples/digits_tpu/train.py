@@ -112,3 +112,9 @@ for epoch in range(EPOCHS):
         f"accuracy {correct_sum / seen:.4f}, test accuracy {test_correct / test_seen:.4f} "
         f"({time.perf_counter() - started:.2f}s)"
     )
+    strategyjob.report(
+        step=epoch + 1,
+        total_steps=EPOCHS,
+        loss=round(loss_sum / seen, 4),
+        test_accuracy=round(test_correct / test_seen, 4),
+    )

@@ -4,6 +4,7 @@ logs show the loss going down, and ``kubectl get sjob`` shows it in the CRD's co
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from e2e.e2e_support import (
     assert_loss_goes_down,
     example,
     losses,
+    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(240)
@@ -39,6 +41,21 @@ def assert_listed_as_succeeded(ns: Namespace, name: str, strategy: str, total: i
     row = get_sjob(ns, name)
     assert (row["NAME"], row["STRATEGY"], row["STATE"]) == (name, strategy, "Succeeded"), row
     assert row["READY"] == f"0/{total}", row  # nothing runs once the job is over
+    assert float(row["PROGRESS"]) == 100, row  # the leader's last report
+
+
+def assert_progress_reached_the_status(ns: Namespace, name: str, steps: int) -> dict[str, Any]:
+    """The leader's ``strategyjob.report`` went, with the pod's own ServiceAccount token,
+    through the API server into the job's ``status.progress``."""
+
+    def final() -> dict[str, Any] | None:
+        progress = ns.job(name)["status"].get("progress") or {}
+        return progress if progress.get("step") == steps else None
+
+    progress = wait_for(f"status.progress of {name} at step {steps}", final, timeout=30)
+    assert progress["totalSteps"] == steps and progress["percentage"] == 100.0, progress
+    assert progress["metrics"]["loss"] > 0 and progress["lastReportTime"], progress
+    return progress
 
 
 def test_multi_worker_mirrored_example_succeeds(ns: Namespace, shared_dir: str):
@@ -58,6 +75,8 @@ def test_multi_worker_mirrored_example_succeeds(ns: Namespace, shared_dir: str):
     # Gradients are averaged across the pods: both report the same global metrics.
     assert losses(worker1) == points
     assert "saved checkpoint" in worker0
+    progress = assert_progress_reached_the_status(ns, "digits-mwms", 4)
+    assert progress["metrics"]["loss"] == round(points[-1][1], 4), (progress, points)
     assert_listed_as_succeeded(ns, "digits-mwms", "MultiWorkerMirroredStrategy", 2)
 
 
@@ -82,4 +101,5 @@ def test_parameter_server_example_succeeds(ns: Namespace):
     assert [step for step, _ in points] == [30, 60, 90, 120, 150]
     assert_loss_goes_down(points, "chief-0")
     assert "test accuracy" in chief
+    assert_progress_reached_the_status(ns, "digits-ps", 150)
     assert_listed_as_succeeded(ns, "digits-ps", "ParameterServerStrategy", 4)

@@ -84,7 +84,13 @@ def test_multi_worker_mirrored_example(tmp_path):
     assert "[worker-1] worker-1: saved checkpoint" not in result.stdout
     checkpoint = torch.load(tmp_path / "checkpoints" / "model.pt", weights_only=True)
     assert checkpoint["epochs"] == 4 and "0.weight" in checkpoint["model"]
-    assert "strategyjob: job digits-mwms succeeded in" in result.stdout.splitlines()[-1]
+    *_, succeeded, progress = result.stdout.splitlines()
+    assert "strategyjob: job digits-mwms succeeded in" in succeeded
+    # strategyjob.report on the leader reaches the launcher (the status line, then this line)
+    assert re.fullmatch(
+        r"strategyjob:   last progress report: step 4/4 \(100%\) loss=[\d.]+ test_accuracy=0\.9\d+",
+        progress,
+    ), progress
 
 
 def test_central_storage_example(tmp_path):
@@ -136,6 +142,7 @@ def test_parameter_server_example(tmp_path):
     assert steps[-1][1] < steps[0][1]
     assert "[chief-0] chief-0: test accuracy" in result.stdout
     assert "strategyjob: job digits-ps succeeded in" in result.stdout
+    assert "strategyjob:   last progress report: step 90/90 (100%) loss=" in result.stdout
 
 
 @pytest.mark.parametrize("name", ["digits_mwms", "digits_ps", "digits_central_storage"])
