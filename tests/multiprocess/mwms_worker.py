@@ -88,6 +88,23 @@ def scenario_collectives() -> dict:
         }
 
     out["replica"] = strategy.run(replica_fn)
+
+    # A large tensor (one pack of its own): exact sums and means, odd length, the input
+    # untouched (gloo reduces a copy in place).
+    big = torch.arange(1_250_001, dtype=torch.float64) * (i + 1)
+    before = big.clone()
+    ring_sum = strategy.run(lambda: sj.get_replica_context().all_reduce("SUM", big))
+    ring_mean = strategy.run(lambda: sj.get_replica_context().all_reduce("MEAN", big))
+    factor = sum(range(1, strategy.num_replicas_in_sync + 1))
+    expected = torch.arange(1_250_001, dtype=torch.float64) * factor
+    out["ring"] = {
+        "sum_exact": bool(torch.equal(ring_sum, expected)),
+        "mean_close": bool(
+            torch.allclose(ring_mean, expected / strategy.num_replicas_in_sync, rtol=0, atol=1e-9)
+        ),
+        "input_untouched": bool(torch.equal(big, before)),
+        "new_tensor": ring_sum.data_ptr() != big.data_ptr(),
+    }
     out["gather"] = strategy.gather(torch.tensor([[float(i)] * 2] * (i + 1)), 0).tolist()
     values = strategy.experimental_distribute_values_from_function(
         lambda ctx: ctx.replica_id_in_sync_group * 10 + ctx.num_replicas_in_sync

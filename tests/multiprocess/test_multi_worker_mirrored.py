@@ -64,6 +64,10 @@ def test_replica_context_collectives(two_workers, chief_and_two_workers):
             assert rep["sum"] == sum(range(1, w + 1))
             assert rep["mean"] == pytest.approx(sum(range(1, w + 1)) / w)
             assert rep["nest"] == [[float(w), float(w)], [sum(range(w))]]
+            # a 10 MB tensor: a new tensor, the input untouched
+            assert r["ring"] == dict.fromkeys(
+                ("sum_exact", "mean_close", "input_untouched", "new_tensor"), True
+            )
             expected = [float(k) for k in range(w) for _ in range(k + 1)]
             assert rep["all_gather"] == expected  # sizes differ along the axis, rank order
             assert r["gather"] == [[float(k)] * 2 for k in range(w) for _ in range(k + 1)]
