@@ -98,18 +98,9 @@ class Reconciler:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
 
         limit = self.settings.max_in_flight
-        if plan.delete_pods:
-            results = await bounded_gather(
-                [
-                    (lambda n=n: api.delete(api.core_path(namespace, "pods", n)))
-                    for n in plan.delete_pods
-                ],
-                limit,
-            )
-            errors = [r for r in results if isinstance(r, BaseException)]
-            if errors:  # the decision is persisted only once its deletions happened
-                raise errors[0]
-            self.metrics.inc("pods_deleted", namespace, sum(1 for r in results if r is True))
+        if plan.delete_pods:  # the decision is persisted only once its deletions happened
+            deleted = await self._delete_pods(namespace, plan.delete_pods)
+            self.metrics.inc("pods_deleted", namespace, deleted)
 
         retry = None
         extra_events: list[decide.Event] = []
@@ -194,28 +185,37 @@ class Reconciler:
             (api.core_path(ns, "secrets"), children.build_token_secret(job, owner, token)),
             (api.group_path(net, ns, "networkpolicies"), children.build_network_policy(job, owner)),
         ]
+        uid = job_obj["metadata"]["uid"]
+        calls = [(lambda p=p, o=o: self._create_child(p, o, uid)) for p, o in wanted]
         scheduler = self.settings.gang_scheduler
         if scheduler is not None:
             group = gang.build_pod_group(job, owner, scheduler)
-            wanted.append((api.group_path(scheduler.api_version, ns, "podgroups"), group))
-        uid = job_obj["metadata"]["uid"]
-        results = await bounded_gather(
-            [(lambda p=p, o=o: self._create_child(p, o, uid)) for p, o in wanted],
-            self.settings.max_in_flight,
-        )
+            calls.append(lambda: self._create_pod_group(scheduler, group, uid))
+        results = await bounded_gather(calls, self.settings.max_in_flight)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:  # pods without their ServiceAccount or Secret would not start
-            last = results[-1]
-            if scheduler is not None and isinstance(last, ApiError) and last.status == 404:
-                raise ApiError(
-                    404,
-                    "POST",
-                    wanted[-1][0],
-                    f"no PodGroup API {scheduler.api_version} in this cluster: install "
-                    f"{scheduler.name}, or unset the operator's gangScheduler "
-                    f"(STRATEGYJOB_GANG_SCHEDULER)",
-                ) from last
             raise errors[0]
+
+    async def _create_pod_group(
+        self, scheduler: gang.GangScheduler, group: dict[str, Any], uid: str
+    ) -> None:
+        """The job's PodGroup; a cluster without the scheduler's API gets an error naming it."""
+        path = self.api.group_path(
+            scheduler.api_version, group["metadata"]["namespace"], "podgroups"
+        )
+        try:
+            await self._create_child(path, group, uid)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            raise ApiError(
+                404,
+                "POST",
+                path,
+                f"no PodGroup API {scheduler.api_version} in this cluster: install "
+                f"{scheduler.name}, or unset the operator's gangScheduler "
+                f"(STRATEGYJOB_GANG_SCHEDULER)",
+            ) from e
 
     async def _create_child(self, collection: str, obj: dict[str, Any], uid: str) -> None:
         """Create one of the job's objects; one already there is kept, unless an earlier job
@@ -241,7 +241,6 @@ class Reconciler:
         """Delete what is left of the pods of an earlier job of the same name before this job
         creates any: they hold its pod names, and their later removal would look like failures
         of this job's replicas."""
-        api = self.api
         live = [p["metadata"]["name"] for p in stale if not p["metadata"].get("deletionTimestamp")]
         logger.info(
             "StrategyJob %s/%s: waiting for %d pods of an earlier job of the same name to go",
@@ -249,17 +248,29 @@ class Reconciler:
             name,
             len(stale),
         )
+        await self._delete_pods(namespace, live, grace_seconds=0)
+        return STALE_RETRY_SECONDS
+
+    async def _delete_pods(
+        self, namespace: str, names: list[str], grace_seconds: int | None = None
+    ) -> int:
+        """Delete the pods concurrently (bounded); raise the first failure; how many went."""
+        api = self.api
         results = await bounded_gather(
             [
-                (lambda n=n: api.delete(api.core_path(namespace, "pods", n), grace_seconds=0))
-                for n in live
+                (
+                    lambda n=n: api.delete(
+                        api.core_path(namespace, "pods", n), grace_seconds=grace_seconds
+                    )
+                )
+                for n in names
             ],
             self.settings.max_in_flight,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
-        return STALE_RETRY_SECONDS
+        return sum(1 for r in results if r is True)
 
     async def _invalid(
         self, job_obj: dict[str, Any], status: dict[str, Any], problem: str, now: datetime

@@ -248,15 +248,19 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         """Send the values of module parameters registered since the last flush to the ps."""
         with self._lock:
             pending, self._pending = self._pending, []
+        self._write_to_ps("create", pending)
+
+    def _write_to_ps(self, op: str, params: list[tuple[torch.nn.Parameter, Any]]) -> None:
+        """``op`` ("create" or "assign") each ``(param, ref)``'s value on its ps, shard by
+        shard: one round trip per ps."""
         ops: defaultdict[int, list] = defaultdict(list)
-        for param, ref in pending:
-            value = param.detach()
-            shards = ref.shards if isinstance(ref, _remote.ShardedParamRef) else (ref,)
-            offset = 0
+        for param, ref in params:
+            value, offset = param.detach(), 0
+            shards = _shards(ref)
             for shard in shards:
                 part = value[offset : offset + shard.shape[0]] if len(shards) > 1 else value
                 offset += shard.shape[0] if shard.shape else 0
-                ops[shard.task].append(_remote.var_op("create", shard.key, part))
+                ops[shard.task].append(_remote.var_op(op, shard.key, part))
         for task, task_ops in ops.items():
             _transport.run_ps_ops(task, task_ops, wait=True)
 
@@ -288,21 +292,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         """Assign the coordinator's values of ``params`` to their ps variables (after
         ``load_state_dict`` on the chief)."""
         self._flush_parameters()
-        ops: defaultdict[int, list] = defaultdict(list)
-        for param in params:
-            ref = getattr(param, "_sj_ref", None)
-            if ref is None:
-                continue
-            value, offset = param.detach(), 0
-            for shard in _shards(ref):
-                size = shard.shape[0] if shard.shape else None
-                part = (
-                    value if size is None or size == len(value) else value[offset : offset + size]
-                )
-                offset += size or 0
-                ops[shard.task].append(_remote.var_op("assign", shard.key, part))
-        for task, task_ops in ops.items():
-            _transport.run_ps_ops(task, task_ops, wait=True)
+        self._write_to_ps("assign", [(p, p._sj_ref) for p in params if getattr(p, "_sj_ref", None)])
 
     def _ps_idle(self) -> bool:
         """No scheduled function is queued or running (so the ps values are settled)."""
