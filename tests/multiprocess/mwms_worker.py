@@ -90,7 +90,7 @@ def scenario_collectives() -> dict:
     out["replica"] = strategy.run(replica_fn)
 
     # A large tensor (one pack of its own): exact sums and means, odd length, the input
-    # untouched (gloo reduces a copy in place).
+    # untouched (sums are written into a new tensor, never into the input).
     big = torch.arange(1_250_001, dtype=torch.float64) * (i + 1)
     before = big.clone()
     ring_sum = strategy.run(lambda: sj.get_replica_context().all_reduce("SUM", big))
@@ -212,9 +212,18 @@ def scenario_peer_dies() -> dict:
             time.sleep(2 * timeout)  # alive but never joins the next collective
             os._exit(0)
         os.kill(os.getpid(), 9)
+    big = torch.ones(2_000_000)  # 8 MB: the out-of-place ring of sends and receives
+
+    def ring_fn() -> torch.Tensor:
+        return sj.get_replica_context().all_reduce("SUM", big)
+
+    ring = os.environ.get("MWMS_TEST_COLLECTIVE") == "ring"
     start = time.monotonic()
     try:
         for _ in range(50):
+            if ring:
+                strategy.run(ring_fn)
+                continue
             strategy.run(step_fn)
             strategy.reduce("SUM", torch.tensor(1.0), axis=None)
         error = None

@@ -64,7 +64,8 @@ def test_replica_context_collectives(two_workers, chief_and_two_workers):
             assert rep["sum"] == sum(range(1, w + 1))
             assert rep["mean"] == pytest.approx(sum(range(1, w + 1)) / w)
             assert rep["nest"] == [[float(w), float(w)], [sum(range(w))]]
-            # a 10 MB tensor: a new tensor, the input untouched
+            # a 10 MB tensor (the out-of-place ring): exact, a new tensor, the input untouched,
+            # the SUM result intact after the MEAN (its memory is not reused while held)
             assert r["ring"] == dict.fromkeys(
                 ("sum_exact", "mean_close", "input_untouched", "new_tensor"), True
             )
@@ -104,21 +105,26 @@ def test_training_equals_single_process_on_the_global_batch(num_workers):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("tasks", "with_chief", "victim", "dead"),
+    ("tasks", "with_chief", "victim", "dead", "collective"),
     [
-        (3, True, 2, "/job:worker/replica:0/task:1"),
-        (2, False, 0, "/job:worker/replica:0/task:0"),  # the leader, host of the store
+        (3, True, 2, "/job:worker/replica:0/task:1", "step"),
+        (2, False, 0, "/job:worker/replica:0/task:0", "step"),  # the leader, store host
+        (3, True, 2, "/job:worker/replica:0/task:1", "ring"),  # large all_reduce: send/recv
     ],
-    ids=["worker-of-three", "leader-of-two"],
+    ids=["worker-of-three", "leader-of-two", "worker-of-three-in-large-all-reduce"],
 )
-def test_killed_peer_gives_clear_error_naming_it(tasks, with_chief, victim, dead):
+def test_killed_peer_gives_clear_error_naming_it(tasks, with_chief, victim, dead, collective):
     timeout = 10.0
     start = time.monotonic()
     runs = run_cluster(
         "peer_dies",
         cluster_of(tasks, with_chief=with_chief),
         timeout=90,
-        extra_env={"MWMS_TEST_TIMEOUT": str(timeout), "MWMS_TEST_VICTIM": str(victim)},
+        extra_env={
+            "MWMS_TEST_TIMEOUT": str(timeout),
+            "MWMS_TEST_VICTIM": str(victim),
+            "MWMS_TEST_COLLECTIVE": collective,
+        },
     )
     elapsed = time.monotonic() - start
     assert runs[victim].returncode == -9

@@ -228,4 +228,7 @@ def test_evaluator_outside_the_training_cluster_runs_alone(monkeypatch):
     strategy = sj.MultiWorkerMirroredStrategy()
     assert strategy.extended._in_multi_worker_mode() is False
     assert strategy.extended.should_checkpoint is True
-    assert strategy.extended.worker_devices == ("/job:evaluator/replica:0/task:0/device:CPU:0",)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # one replica per GPU
+    prefix = "/job:evaluator/replica:0/task:0/device:"
+    expected = tuple(f"{prefix}GPU:{i}" for i in range(gpus)) or (f"{prefix}CPU:0",)
+    assert strategy.extended.worker_devices == expected

@@ -83,36 +83,30 @@ class _Bypass:
 # ----------------------------------------------------------------------------- buckets
 class _Bucket:
     """Gradients of a few parameters (same dtype and device) packed into one flat tensor,
-    followed by one "has a gradient" flag per parameter, all-reduced as one collective."""
+    followed by one "has a gradient" flag per parameter, all-reduced as one collective.
+
+    Copies in and out are batched per bucket (one ``_foreach`` call each way): per-parameter
+    tensor calls from Python cost more than the copies themselves for a small model."""
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params
         total = sum(p.numel() for p in params)
         self.flat = torch.zeros(total + len(params), dtype=params[0].dtype, device=params[0].device)
+        self.values = self.flat[:total]
         self.flags = self.flat[total:]
         self.views: list[torch.Tensor] = []
         offset = 0
         for p in params:
             self.views.append(self.flat[offset : offset + p.numel()].view(p.shape))
             offset += p.numel()
-        self.has_grad = [0] * len(params)
         self.ready = [False] * len(params)
         self.num_ready = 0
         self.work: Any = None
         self.stale = False
 
-    def copy_in(self, i: int) -> None:
-        grad = self.params[i].grad
-        if grad is None:
-            self.views[i].zero_()
-            self.has_grad[i] = 0
-            return
-        self.views[i].copy_(grad.to_dense() if grad.is_sparse else grad)
-        self.has_grad[i] = 1
-
     def mark_ready(self, i: int) -> bool:
-        """Record parameter ``i``'s gradient; True when the bucket just became full."""
-        self.copy_in(i)
+        """Record that parameter ``i``'s gradient is final; True when the bucket just became
+        full."""
         if not self.ready[i]:
             self.ready[i] = True
             self.num_ready += 1
@@ -120,27 +114,44 @@ class _Bucket:
         return False
 
     def fill_missing(self) -> None:
-        for i, ready in enumerate(self.ready):
-            if not ready:
-                self.copy_in(i)
-                self.ready[i] = True
+        """Parameters backward gave no gradient (unused this step) go as zeros."""
+        self.ready = [True] * len(self.params)
         self.num_ready = len(self.params)
 
     def seal(self) -> torch.Tensor:
-        """The flat tensor to all-reduce, flags included."""
-        self.flags.copy_(torch.tensor(self.has_grad, dtype=self.flags.dtype))
+        """Copy the current gradients in and return the flat tensor to all-reduce."""
+        dst, src, has_grad = [], [], []
+        for view, p in zip(self.views, self.params):
+            grad = p.grad
+            if grad is None:
+                view.zero_()
+                has_grad.append(0)
+                continue
+            dst.append(view)
+            src.append(grad.to_dense() if grad.is_sparse else grad)
+            has_grad.append(1)
+        with torch.no_grad():  # create_graph=True gives gradients that require grad
+            if dst:
+                torch._foreach_copy_(dst, src)
+            self.flags.copy_(torch.tensor(has_grad, dtype=self.flags.dtype))
         return self.flat
 
     def copy_out(self, scale: float) -> None:
         """Write the averaged gradients back; parameters no worker had a gradient for keep
         ``grad is None`` (like single-process training)."""
+        if scale != 1.0:
+            self.values.mul_(scale)
+        dst, src = [], []
         for p, averaged, used in zip(self.params, self.views, self.flags.tolist()):
             if not used:
                 continue
             if p.grad is None or p.grad.is_sparse:
-                p.grad = averaged * scale
+                p.grad = averaged.clone()
             else:
-                torch.mul(averaged, scale, out=p.grad)
+                dst.append(p.grad)
+                src.append(averaged)
+        if dst:
+            torch._foreach_copy_(dst, src)
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -311,8 +322,6 @@ class GradientSynchronizer:
                     bucket.work.wait()
                 for bucket in buckets:
                     if bucket.stale:  # gradients grew after launch (several backward calls)
-                        for i in range(len(bucket.params)):
-                            bucket.copy_in(i)
                         self.extended._cross_worker_all_reduce_async(bucket.seal()).wait()
                 with torch.no_grad():
                     for bucket in buckets:

@@ -22,10 +22,11 @@ import torch
 
 from strategyjob._devices import LogicalDevice
 from strategyjob._reduce import ReduceOp
+from strategyjob._values import PerReplica
 from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolver, multi_worker_util
 from strategyjob.collective import process_group
 from strategyjob.collective.options import CommunicationOptions
-from strategyjob.strategies.base import Strategy
+from strategyjob.strategies.base import Strategy, _divide
 from strategyjob.strategies.mirrored import MirroredExtended
 
 __all__ = ["MultiWorkerMirroredExtended", "MultiWorkerMirroredStrategy"]
@@ -129,6 +130,19 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         return self._group.all_reduce(
             list(tensors), "mean" if reduce_op == ReduceOp.MEAN else "sum"
         )
+
+    def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
+        """``Strategy.reduce(op, value, axis=None)`` of one worker's only replica value (the
+        loss, every step) goes straight to one collective: the general path is the same
+        reduction with ~50 µs more Python, a few per cent of a small model's step."""
+        if self._group is not None and len(self._logical_devices) == 1:
+            tensor = value.values[0] if type(value) is PerReplica else value
+            if type(tensor) is torch.Tensor and tensor.layout == torch.strided:
+                (total,) = self._group.all_reduce([tensor], "sum")
+                if reduce_op == ReduceOp.MEAN:
+                    total = _divide(total, self.num_replicas_in_sync)
+                return self._place_on(self._default_reduce_destination(), total)
+        return super()._reduce(reduce_op, value)
 
     def _cross_worker_all_reduce_async(self, flat: torch.Tensor) -> _PendingAllReduce:
         """Start a SUM all-reduce of ``flat`` in place (gradient buckets)."""
