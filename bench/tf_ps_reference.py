@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,15 +60,15 @@ def launch() -> None:
             GRPC_FAIL_FAST="use_caller",
             TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": kind, "index": i}}),
         )
-        log = open(os.path.join(logdir, f"{kind}{i}.log"), "w")
         cmd = [sys.executable, os.path.abspath(__file__), "--role", kind, "--index", str(i)]
-        return subprocess.Popen(
-            cmd + sys.argv[1:],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(os.path.join(logdir, f"{kind}{i}.log"), "w") as log:  # the child keeps it
+            return subprocess.Popen(
+                cmd + sys.argv[1:],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     try:
         for kind, n in (("ps", args.ps), ("worker", args.workers)):
@@ -82,6 +83,7 @@ def launch() -> None:
             proc.wait()
     with open(os.path.join(logdir, "chief0.log")) as f:
         text = f.read()
+    shutil.rmtree(logdir)
     lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
     if not lines:
         print(text[-4000:])

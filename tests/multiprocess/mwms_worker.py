@@ -41,7 +41,9 @@ class Net(nn.Module):
         return self.body(x)
 
 
-def train_reference(x: torch.Tensor, y: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def train_reference(
+    x: torch.Tensor, y: torch.Tensor, steps: int, clip: float | None = None
+) -> list[torch.Tensor]:
     """One process, no strategy, the global batch: what MWMS training must reproduce."""
     torch.manual_seed(0)
     model = Net()
@@ -49,6 +51,8 @@ def train_reference(x: torch.Tensor, y: torch.Tensor, steps: int) -> list[torch.
     for _ in range(steps):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
     return [p.detach().clone() for p in model.parameters()]
 
@@ -155,9 +159,31 @@ def scenario_train() -> dict:
 
     shard = slice(i * per_worker, (i + 1) * per_worker)
     losses = []
+    kept = []  # gradients the caller holds on to: later steps must not overwrite them
     for _ in range(steps):
         loss = strategy.run(step_fn, args=(x[shard], y[shard]))
         losses.append(strategy.reduce("MEAN", loss, axis=None).item())
+        kept += [(p.grad, p.grad.clone()) for p in model.body.parameters()]
+
+    def trained(zero_to_none: bool = True, clip: float | None = None) -> nn.Module:
+        with strategy.scope():
+            torch.manual_seed(0 if i == 0 else 100 + i)
+            net = Net()
+            net_opt = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.9)
+
+        def fn(xb: torch.Tensor, yb: torch.Tensor) -> None:
+            net_opt.zero_grad(set_to_none=zero_to_none)
+            F.cross_entropy(net(xb), yb).backward()
+            if clip is not None:  # sees the averaged gradients, as with DDP
+                nn.utils.clip_grad_norm_(net.parameters(), clip)
+            net_opt.step()
+
+        for _ in range(steps):
+            strategy.run(fn, args=(x[shard], y[shard]))
+        return net
+
+    zeroed_in_place = trained(zero_to_none=False)  # .grad tensors live from step to step
+    clipped = trained(clip=0.05)
 
     # Gradient accumulation: two backward passes (half batches) before each step.
     with strategy.scope():
@@ -179,9 +205,17 @@ def scenario_train() -> dict:
     def max_diff(m: nn.Module) -> float:
         return max((p.detach() - q).abs().max().item() for p, q in zip(m.parameters(), reference))
 
+    clipped_reference = train_reference(x, y, steps, clip=0.05)
     return {
         "max_abs_diff": max_diff(model),
         "accumulated_max_abs_diff": max_diff(accumulated),
+        "zeroed_in_place_max_abs_diff": max_diff(zeroed_in_place),
+        "clipped_max_abs_diff": max(
+            (p.detach() - q).abs().max().item()
+            for p, q in zip(clipped.parameters(), clipped_reference)
+        ),
+        "clipping_changed_training": max_diff(clipped) > 1e-3,
+        "kept_grads_intact": all(torch.equal(g, copy) for g, copy in kept),
         "losses": losses,
         "unused_grad_is_none": model.unused.weight.grad is None,
         "checksum": round(sum(float(p.sum()) for p in model.parameters()), 5),

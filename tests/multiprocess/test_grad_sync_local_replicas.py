@@ -115,9 +115,57 @@ def test_buckets_follow_reverse_registration_order_and_sizes():
     # float32: the first bucket closes past 1 MiB, the next ones past 2 MiB; float64 apart;
     # parameters without requires_grad are not reduced
     assert layout == [[3, 1], [0], [2]]
-    assert buckets[0].flat.numel() * 4 >= FIRST_BUCKET_BYTES
-    assert buckets[2].flat.dtype == torch.float64
-    assert buckets[0].flat.numel() == mib + 1 + 2  # gradients, then one flag per parameter
+    assert buckets[0].buffer.flat.numel() * 4 >= FIRST_BUCKET_BYTES
+    assert buckets[2].buffer.flat.dtype == torch.float64
+    assert buckets[0].buffer.flat.numel() == mib + 1 + 2  # gradients, then one flag each
+
+
+def _shares_memory(tensor: torch.Tensor, flat: torch.Tensor) -> bool:
+    return tensor.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+
+
+def test_bucket_hands_averages_back_as_views_and_never_refills_memory_still_seen():
+    from strategyjob.collective.grad_sync import _Bucket
+
+    params = [
+        nn.Parameter(torch.zeros(2, 3)),
+        nn.Parameter(torch.zeros(4)),
+        nn.Parameter(torch.zeros(1)),
+    ]
+    bucket = _Bucket(params)
+    params[0].grad, params[1].grad = torch.ones(2, 3), torch.full((4,), 3.0)  # params[2]: none
+    flat = bucket.seal(0.5)  # divided by the number of workers on the way in
+    assert flat.tolist() == [0.5] * 6 + [1.5] * 4 + [0.0] + [1.0, 1.0, 0.0]
+    bucket.hand_back()  # (a one-worker "all-reduce": the flat as it is)
+    assert _shares_memory(params[0].grad, flat) and params[0].grad.shape == (2, 3)
+    assert params[1].grad.tolist() == [1.5] * 4
+    assert params[2].grad is None  # no worker had a gradient for it
+
+    kept = params[1].grad
+    params[0].grad, params[1].grad = torch.ones(2, 3), torch.ones(4)
+    second = bucket.seal(1.0)  # ``kept`` still views the first buffer: another one is filled
+    assert not _shares_memory(second, flat) and kept.tolist() == [1.5] * 4
+    bucket.hand_back()
+    params[0].grad, params[1].grad = torch.ones(2, 3), torch.ones(4)  # zero_grad, backward
+    assert _shares_memory(bucket.seal(1.0), second)  # free again: no new memory
+    assert len(bucket.buffers) == 2 and kept.tolist() == [1.5] * 4
+
+
+def test_bucket_copies_into_gradients_it_must_not_replace():
+    from strategyjob.collective.grad_sync import _Bucket
+
+    channels_last = nn.Parameter(torch.zeros(1, 2, 2, 2).to(memory_format=torch.channels_last))
+    plain = nn.Parameter(torch.zeros(3))
+    bucket = _Bucket([channels_last, plain])
+    channels_last.grad = torch.ones(1, 2, 2, 2).to(memory_format=torch.channels_last)
+    own = channels_last.grad
+    plain.grad = torch.ones(3, requires_grad=True)  # from backward(create_graph=True)
+    graph_grad = plain.grad
+    bucket.seal(0.5)
+    bucket.hand_back()
+    assert channels_last.grad is own and own.is_contiguous(memory_format=torch.channels_last)
+    assert plain.grad is graph_grad and graph_grad.requires_grad
+    assert own.flatten().tolist() == [0.5] * 8 and graph_grad.tolist() == [0.5] * 3
 
 
 def test_collective_packs_group_by_dtype_and_size():

@@ -25,11 +25,14 @@ How:
   (``extended._register_parameter``) and with its :class:`GradientSynchronizer`.
 * One replica per process, several workers (MultiWorkerMirroredStrategy, the hot path): like
   DDP, parameters are packed into buckets (~25 MB, the first ~1 MB, reverse registration
-  order); a post-accumulate-grad hook copies each gradient into its bucket as backward
-  produces it, and a full bucket starts an asynchronous all-reduce at once (buckets start in
-  order, so every worker issues the same collectives). The optimizer-step pre-hook launches
-  what is left (parameters without a gradient count as zeros, so unused parameters never hang),
-  waits, and writes the averages back.
+  order); a post-accumulate-grad hook marks each gradient final as backward produces it, and
+  a full bucket is copied in (divided by the number of workers) and starts an asynchronous
+  all-reduce at once (buckets start in order, so every worker issues the same collectives).
+  When backward ends (an autograd final callback), what is left is launched (parameters
+  without a gradient count as zeros, so unused parameters never hang), waited for, and the
+  averages become the parameters' ``.grad``: views of the bucket's memory, nothing copied
+  out. Code between ``backward()`` and ``step()`` (clipping, logging) sees averaged gradients,
+  as with DDP; the optimizer-step pre-hook only averages gradients set another way.
 * Several replicas in one process (MirroredStrategy/CentralStorageStrategy threads sharing one
   module): the replicas' backward passes accumulate into the shared ``.grad``. ``zero_grad``
   and ``step`` therefore act once per step, through ``ReplicaContext.merge_call``: zero_grad
@@ -81,24 +84,55 @@ class _Bypass:
 
 
 # ----------------------------------------------------------------------------- buckets
-class _Bucket:
-    """Gradients of a few parameters (same dtype and device) packed into one flat tensor,
-    followed by one "has a gradient" flag per parameter, all-reduced as one collective.
+def _storage_uses(tensor: torch.Tensor) -> int:
+    """How many tensors (views included) share ``tensor``'s memory."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
 
-    Copies in and out are batched per bucket (one ``_foreach`` call each way): per-parameter
-    tensor calls from Python cost more than the copies themselves for a small model."""
+
+#: Averaged gradients are handed back as views of the bucket's buffer (no copy out) where
+#: torch can tell whether a buffer is still seen by some tensor; else they are copied out.
+_HAND_OUT_VIEWS = hasattr(torch._C, "_storage_Use_Count")
+#: Buffers a bucket keeps: the one being filled and the one the current ``.grad``s may view
+#: (``zero_grad(set_to_none=False)`` keeps them alive into the next step).
+_BUFFERS_KEPT = 2
+
+
+class _Buffer:
+    """One flat tensor of a bucket: the parameters' values, then one "has a gradient" flag per
+    parameter, all-reduced as one collective; and the per-parameter views into it."""
+
+    __slots__ = ("flags", "flat", "own_uses", "views")
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
-        self.params = params
         total = sum(p.numel() for p in params)
         self.flat = torch.zeros(total + len(params), dtype=params[0].dtype, device=params[0].device)
-        self.values = self.flat[:total]
         self.flags = self.flat[total:]
         self.views: list[torch.Tensor] = []
         offset = 0
         for p in params:
             self.views.append(self.flat[offset : offset + p.numel()].view(p.shape))
             offset += p.numel()
+        self.own_uses = _storage_uses(self.flat) if _HAND_OUT_VIEWS else 0
+
+    def is_free(self) -> bool:
+        """No tensor outside this object sees the memory (no ``.grad`` handed out is alive)."""
+        return not _HAND_OUT_VIEWS or _storage_uses(self.flat) == self.own_uses
+
+
+class _Bucket:
+    """Gradients of a few parameters (same dtype and device), all-reduced as one collective.
+
+    Gradients are copied in already divided by the number of workers (one pass over the
+    memory); the averages go back as views of the buffer, so nothing is copied out. A buffer
+    is filled again only once no tensor sees it, so gradients a caller kept are never
+    overwritten."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        # Parameters with an unusual memory layout (channels_last…) get a copy in their own.
+        self.hand_out = [_HAND_OUT_VIEWS and p.is_contiguous() for p in params]
+        self.buffers = [_Buffer(params)]  # most recently used first
+        self.buffer = self.buffers[0]
         self.ready = [False] * len(params)
         self.num_ready = 0
         self.work: Any = None
@@ -118,40 +152,50 @@ class _Bucket:
         self.ready = [True] * len(self.params)
         self.num_ready = len(self.params)
 
-    def seal(self) -> torch.Tensor:
-        """Copy the current gradients in and return the flat tensor to all-reduce."""
-        dst, src, has_grad = [], [], []
-        for view, p in zip(self.views, self.params):
-            grad = p.grad
-            if grad is None:
-                view.zero_()
-                has_grad.append(0)
-                continue
-            dst.append(view)
-            src.append(grad.to_dense() if grad.is_sparse else grad)
-            has_grad.append(1)
-        with torch.no_grad():  # create_graph=True gives gradients that require grad
-            if dst:
-                torch._foreach_copy_(dst, src)
-            self.flags.copy_(torch.tensor(has_grad, dtype=self.flags.dtype))
-        return self.flat
+    def _free_buffer(self) -> _Buffer:
+        for i, buffer in enumerate(self.buffers):
+            if buffer.is_free():
+                del self.buffers[i]
+                break
+        else:  # every kept buffer is still seen: a new one; the oldest is left to its users
+            buffer = _Buffer(self.params)
+            del self.buffers[_BUFFERS_KEPT - 1 :]
+        self.buffers.insert(0, buffer)
+        return buffer
 
-    def copy_out(self, scale: float) -> None:
-        """Write the averaged gradients back; parameters no worker had a gradient for keep
-        ``grad is None`` (like single-process training)."""
-        if scale != 1.0:
-            self.values.mul_(scale)
-        dst, src = [], []
-        for p, averaged, used in zip(self.params, self.views, self.flags.tolist()):
+    def seal(self, scale: float) -> torch.Tensor:
+        """Copy the current gradients times ``scale`` in; return the flat tensor to reduce."""
+        buffer = self.buffer = self._free_buffer()
+        has_grad = []
+        with torch.no_grad():  # create_graph=True gives gradients that require grad
+            for view, p in zip(buffer.views, self.params):
+                grad = p.grad
+                if grad is None:
+                    view.zero_()
+                    has_grad.append(0)
+                    continue
+                torch.mul(grad.to_dense() if grad.is_sparse else grad, scale, out=view)
+                has_grad.append(1)
+            buffer.flags.copy_(torch.tensor(has_grad, dtype=buffer.flags.dtype))
+        return buffer.flat
+
+    def hand_back(self) -> None:
+        """Make the averages the parameters' gradients; parameters no worker had a gradient
+        for keep ``grad is None`` (like single-process training)."""
+        buffer = self.buffer
+        for p, averaged, used, view_ok in zip(
+            self.params, buffer.views, buffer.flags.tolist(), self.hand_out
+        ):
             if not used:
                 continue
-            if p.grad is None or p.grad.is_sparse:
-                p.grad = averaged.clone()
+            grad = p.grad
+            if grad is not None and (grad.requires_grad or not view_ok) and not grad.is_sparse:
+                with torch.no_grad():
+                    grad.copy_(averaged)  # keep the caller's gradient tensor and its layout
+            elif view_ok:
+                p.grad = averaged.view(averaged.shape)  # a new tensor on the bucket's memory
             else:
-                dst.append(p.grad)
-                src.append(averaged)
-        if dst:
-            torch._foreach_copy_(dst, src)
+                p.grad = averaged.clone()
 
     def reset(self) -> None:
         self.ready = [False] * len(self.params)
@@ -206,6 +250,8 @@ class GradientSynchronizer:
         self._where: dict[int, tuple[_Bucket, int]] = {}
         self._next_launch = 0
         self._lock = threading.Lock()
+        self._end_queued = False  # this backward pass will call _on_backward_end
+        self._averaged = False  # the gradients are the averages of the last backward pass
         self._local: int | None = None
         self._workers: int | None = None
         self._overlap: bool | None = None
@@ -270,33 +316,49 @@ class GradientSynchronizer:
             location = self._where.get(id(param))
             if location is None:
                 return
+            if not self._end_queued:
+                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+                self._end_queued = True
             bucket, i = location
-            if bucket.work is not None:  # a second backward before the step: redo at step
+            if bucket.work is not None:  # gradients grew after launch: redo when backward ends
                 bucket.stale = True
                 return
             if bucket.mark_ready(i):
                 self._launch_in_order(buckets)
 
     def _launch_in_order(self, buckets: list[_Bucket]) -> None:
+        scale = 1.0 / self._num_workers()
         while self._next_launch < len(buckets):
             bucket = buckets[self._next_launch]
             if bucket.num_ready < len(bucket.params):
                 return
-            bucket.work = self.extended._cross_worker_all_reduce_async(bucket.seal())
+            bucket.work = self.extended._cross_worker_all_reduce_async(bucket.seal(scale))
             self._next_launch += 1
+
+    def _on_backward_end(self) -> None:
+        """Finish averaging when ``backward()`` returns, as DDP does: code between backward
+        and the optimizer step (gradient clipping, logging) sees the averaged gradients."""
+        self._end_queued = False
+        self._finish_buckets()
+        self._averaged = True
 
     # --- optimizer step ---------------------------------------------------------------------
     def synchronize(self) -> None:
         """Average the gradients of every registered parameter over all replicas, in place.
 
         Called once per step: by the optimizer-step pre-hook (one local replica) or inside
-        ``merge_call`` (several local replicas, after all their backward passes).
+        ``merge_call`` (several local replicas, after all their backward passes). With one
+        replica per worker, the end of each backward pass has already averaged what it
+        produced; only gradients set another way (by hand, ``torch.autograd.grad``) are
+        averaged here.
         """
         workers, local = self._num_workers(), self._local_replicas()
         if workers == 1 and local == 1:
             return
         if self._overlapping():
-            self._finish_buckets(1.0 / workers)
+            if not self._averaged:
+                self._finish_buckets()
+            self._averaged = False
             return
         grads = [p.grad for p in self.params if p.grad is not None and p in _owner]
         if not grads:
@@ -311,7 +373,7 @@ class GradientSynchronizer:
                 for g in grads:
                     g.div_(local)
 
-    def _finish_buckets(self, scale: float) -> None:
+    def _finish_buckets(self) -> None:
         with self._lock:
             buckets = self._ensure_buckets()
             for bucket in buckets[self._next_launch :]:
@@ -322,10 +384,10 @@ class GradientSynchronizer:
                     bucket.work.wait()
                 for bucket in buckets:
                     if bucket.stale:  # gradients grew after launch (several backward calls)
-                        self.extended._cross_worker_all_reduce_async(bucket.seal()).wait()
-                with torch.no_grad():
-                    for bucket in buckets:
-                        bucket.copy_out(scale)
+                        scale = 1.0 / self._num_workers()
+                        self.extended._cross_worker_all_reduce_async(bucket.seal(scale)).wait()
+                for bucket in buckets:
+                    bucket.hand_back()
             finally:
                 for bucket in buckets:
                     bucket.reset()
