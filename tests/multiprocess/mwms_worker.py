@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from strategyjob import errors
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 torch.set_num_threads(1)
 
@@ -165,15 +166,24 @@ def scenario_train() -> dict:
         losses.append(strategy.reduce("MEAN", loss, axis=None).item())
         kept += [(p.grad, p.grad.clone()) for p in model.body.parameters()]
 
-    def trained(zero_to_none: bool = True, clip: float | None = None) -> nn.Module:
+    def trained(
+        zero_to_none: bool = True, clip: float | None = None, reentrant: bool = False
+    ) -> nn.Module:
         with strategy.scope():
             torch.manual_seed(0 if i == 0 else 100 + i)
             net = Net()
             net_opt = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.9)
 
+        def forward(xb: torch.Tensor) -> torch.Tensor:
+            if not reentrant:
+                return net(xb)
+            # the last layers' gradients come from a backward pass nested in the outer one
+            head = nn.Sequential(*net.body[1:])
+            return checkpoint(head, net.body[0](xb), use_reentrant=True)
+
         def fn(xb: torch.Tensor, yb: torch.Tensor) -> None:
             net_opt.zero_grad(set_to_none=zero_to_none)
-            F.cross_entropy(net(xb), yb).backward()
+            F.cross_entropy(forward(xb), yb).backward()
             if clip is not None:  # sees the averaged gradients, as with DDP
                 nn.utils.clip_grad_norm_(net.parameters(), clip)
             net_opt.step()
@@ -184,6 +194,7 @@ def scenario_train() -> dict:
 
     zeroed_in_place = trained(zero_to_none=False)  # .grad tensors live from step to step
     clipped = trained(clip=0.05)
+    checkpointed = trained(reentrant=True)
 
     # Gradient accumulation: two backward passes (half batches) before each step.
     with strategy.scope():
@@ -210,6 +221,7 @@ def scenario_train() -> dict:
         "max_abs_diff": max_diff(model),
         "accumulated_max_abs_diff": max_diff(accumulated),
         "zeroed_in_place_max_abs_diff": max_diff(zeroed_in_place),
+        "checkpointed_max_abs_diff": max_diff(checkpointed),
         "clipped_max_abs_diff": max(
             (p.detach() - q).abs().max().item()
             for p, q in zip(clipped.parameters(), clipped_reference)

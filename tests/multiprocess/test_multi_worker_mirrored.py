@@ -99,6 +99,7 @@ def test_training_equals_single_process_on_the_global_batch(num_workers):
         assert r["max_abs_diff"] < 1e-5, r
         assert r["accumulated_max_abs_diff"] < 1e-5, r  # two backward passes per step
         assert r["zeroed_in_place_max_abs_diff"] < 1e-5, r  # zero_grad(set_to_none=False)
+        assert r["checkpointed_max_abs_diff"] < 1e-5, r  # a reentrant checkpoint's backward
         # clip_grad_norm_ between backward and step clips the averaged gradient
         assert r["clipped_max_abs_diff"] < 1e-5 and r["clipping_changed_training"], r
         assert r["kept_grads_intact"] is True  # .grad tensors kept by the caller stay as they were

@@ -250,7 +250,7 @@ class GradientSynchronizer:
         self._where: dict[int, tuple[_Bucket, int]] = {}
         self._next_launch = 0
         self._lock = threading.Lock()
-        self._end_queued = False  # this backward pass will call _on_backward_end
+        self._end_queued_for: int | None = None  # the backward pass that will call _on_backward_end
         self._averaged = False  # the gradients are the averages of the last backward pass
         self._local: int | None = None
         self._workers: int | None = None
@@ -316,11 +316,12 @@ class GradientSynchronizer:
             location = self._where.get(id(param))
             if location is None:
                 return
-            if not self._end_queued:
+            task = torch._C._current_graph_task_id()  # this backward pass
+            if task != self._end_queued_for:
                 torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
-                self._end_queued = True
+                self._end_queued_for = task
             bucket, i = location
-            if bucket.work is not None:  # gradients grew after launch: redo when backward ends
+            if bucket.work is not None:  # launched by a backward pass that did not end
                 bucket.stale = True
                 return
             if bucket.mark_ready(i):
@@ -337,8 +338,11 @@ class GradientSynchronizer:
 
     def _on_backward_end(self) -> None:
         """Finish averaging when ``backward()`` returns, as DDP does: code between backward
-        and the optimizer step (gradient clipping, logging) sees the averaged gradients."""
-        self._end_queued = False
+        and the optimizer step (gradient clipping, logging) sees the averaged gradients.
+
+        The inner backward of a reentrant checkpoint ends here too: the result is the same, at
+        the price of one more round of all-reduces."""
+        self._end_queued_for = None
         self._finish_buckets()
         self._averaged = True
 
@@ -383,7 +387,7 @@ class GradientSynchronizer:
                 for bucket in buckets:
                     bucket.work.wait()
                 for bucket in buckets:
-                    if bucket.stale:  # gradients grew after launch (several backward calls)
+                    if bucket.stale:  # gradients grew after launch (an aborted backward)
                         scale = 1.0 / self._num_workers()
                         self.extended._cross_worker_all_reduce_async(bucket.seal(scale)).wait()
                 for bucket in buckets:
