@@ -328,13 +328,17 @@ class GradientSynchronizer:
                 self._launch_in_order(buckets)
 
     def _launch_in_order(self, buckets: list[_Bucket]) -> None:
-        scale = 1.0 / self._num_workers()
         while self._next_launch < len(buckets):
             bucket = buckets[self._next_launch]
             if bucket.num_ready < len(bucket.params):
                 return
-            bucket.work = self.extended._cross_worker_all_reduce_async(bucket.seal(scale))
+            bucket.work = self._launch(bucket)
             self._next_launch += 1
+
+    def _launch(self, bucket: _Bucket) -> Any:
+        """Start the SUM all-reduce of the bucket's gradients, each divided by the number of
+        workers on the way in (so the sum is the average)."""
+        return self.extended._cross_worker_all_reduce_async(bucket.seal(1.0 / self._num_workers()))
 
     def _on_backward_end(self) -> None:
         """Finish averaging when ``backward()`` returns, as DDP does: code between backward
@@ -388,8 +392,7 @@ class GradientSynchronizer:
                     bucket.work.wait()
                 for bucket in buckets:
                     if bucket.stale:  # gradients grew after launch (an aborted backward)
-                        scale = 1.0 / self._num_workers()
-                        self.extended._cross_worker_all_reduce_async(bucket.seal(scale)).wait()
+                        self._launch(bucket).wait()
                 for bucket in buckets:
                     bucket.hand_back()
             finally:

@@ -388,9 +388,15 @@ class CollectiveGroup:
                 raise self._fail(self._deadline(what))
 
     def _launch(self, what: str, fn, *args, **kwargs) -> dist.Work:
+        """Start a ``torch.distributed`` collective asynchronously."""
+        return self._start(what, fn, *args, async_op=True, **kwargs)
+
+    def _start(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dist.Work:
+        """``fn(*args, **kwargs)`` unless the group is broken; an error starting it says what
+        is known of the peers."""
         self.check()
         try:
-            return fn(*args, async_op=True, **kwargs)
+            return fn(*args, **kwargs)
         except RuntimeError as e:
             raise self._diagnose(e, what) from e
 
@@ -400,11 +406,7 @@ class CollectiveGroup:
         Calls the process group directly: the gradient buckets launch it from backward hooks,
         where ``dist.all_reduce``'s argument checks would cost as much as the launch itself.
         """
-        self.check()
-        try:
-            return self._pg.allreduce([flat], self._sum_options)
-        except RuntimeError as e:
-            raise self._diagnose(e, "all-reduce") from e
+        return self._start("all-reduce", self._pg.allreduce, [flat], self._sum_options)
 
     def all_reduce(self, tensors: Sequence[torch.Tensor], reduce_op: str) -> list[torch.Tensor]:
         """``reduce_op`` ("sum" or "mean") of each tensor across workers; new tensors.
@@ -488,9 +490,11 @@ class CollectiveGroup:
     ) -> None:
         """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (``recv += add``),
         segment by segment so that each segment's sum overlaps the next one's transfer."""
-        sends = [self._start(self._pg.send, part, dst) for part in _segments(send)]
+        sends = [
+            self._start("all-reduce", self._pg.send, [part], dst, 0) for part in _segments(send)
+        ]
         parts = _segments(recv)  # the sender cuts this chunk the same way
-        receives = [self._start(self._pg.recv, part, src) for part in parts]
+        receives = [self._start("all-reduce", self._pg.recv, [part], src, 0) for part in parts]
         adds = _segments(add) if add is not None else [None] * len(parts)
         for work, part, addend in zip(receives, parts, adds):
             self.wait(work, "all-reduce")
@@ -499,13 +503,6 @@ class CollectiveGroup:
         self.wait(sends[-1], "all-reduce")  # gloo completes a pair's sends in order
         for work in sends[:-1]:
             self.wait(work, "all-reduce")
-
-    def _start(self, op: Any, tensor: torch.Tensor, peer: int) -> dist.Work:
-        self.check()
-        try:
-            return op([tensor], peer, 0)
-        except RuntimeError as e:
-            raise self._diagnose(e, "all-reduce") from e
 
     def all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
         """Concatenate every worker's ``tensor`` along ``axis`` in rank order; the size along

@@ -35,7 +35,7 @@ class ResultBuffers:
 
     def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised 1-D CPU tensor, on memory already touched when one is free."""
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if nbytes < MIN_POOLED_BYTES:
             return torch.empty(numel, dtype=dtype)
         with self._lock:
