@@ -187,6 +187,16 @@ class Kube:
             if e.involved_object.name == job and e.involved_object.kind == "StrategyJob"
         ]
 
+    def wait_events(self, job: str, *reasons: str, timeout: float = 30.0) -> list[Any]:
+        """The job's Events once one of each reason exists: the operator posts Events after
+        it patches the status, so a condition being there does not mean its Event is."""
+
+        def posted():
+            events = self.events(job)
+            return events if set(reasons) <= {e.reason for e in events} else None
+
+        return wait_for(f"{job} events {sorted(reasons)}", posted, timeout)
+
 
 def template(name: str = "strategyjob") -> dict[str, Any]:
     return {

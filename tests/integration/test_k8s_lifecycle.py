@@ -43,8 +43,7 @@ def test_chief_success_succeeds_the_job_and_cleans_running_pods(kube, operator):
     # cleanPodPolicy Running (default): worker-1 was still running, so it is deleted
     wait_for("running pod deleted", lambda: "ok-worker-1" not in kube.pods("ok"))
     assert "ok-chief-0" in kube.pods("ok")
-    reasons = {e.reason for e in kube.events("ok")}
-    assert {"StrategyJobCreated", "StrategyJobSucceeded"} <= reasons
+    kube.wait_events("ok", "StrategyJobCreated", "StrategyJobSucceeded")
 
 
 def test_all_workers_success_policy_waits_for_every_worker(kube, operator):
@@ -133,7 +132,8 @@ def test_parameter_server_worker_is_recreated_alone(kube, operator):
     status = kube.job("pss")["status"]
     assert status["restartCount"] == 1
     # Restarting is brief here: the other replicas still run, so Running comes straight back
-    restarts = [e for e in kube.events("pss") if e.reason == "ReplicaRestarting"]
+    events = kube.wait_events("pss", "ReplicaRestarting")
+    restarts = [e for e in events if e.reason == "ReplicaRestarting"]
     assert restarts and "recreates worker-1" in restarts[0].message
 
 
@@ -167,7 +167,7 @@ def test_backoff_limit_exhaustion_fails_with_the_last_failure(kube, operator):
     assert (
         "worker-1 exited with code 143" in cond["message"] and "backoffLimit=1" in cond["message"]
     )
-    assert any(e.reason == "BackoffLimitExceeded" for e in kube.events("bo"))
+    kube.wait_events("bo", "BackoffLimitExceeded")
 
 
 def test_pod_deleted_behind_the_operators_back_is_a_failure(kube, operator):
