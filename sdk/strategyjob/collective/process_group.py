@@ -53,10 +53,15 @@ _DIAGNOSE_SECONDS = 3.0
 _PROBE_TIMEOUT_SECONDS = 2.0
 _KEY_PREFIX = "strategyjob/"
 #: CPU tensors from this size on are all-reduced out of place by a ring of gloo sends and
-#: receives (no copy of the input), in segments of about ``_RING_SEGMENT_BYTES`` so that
-#: summing one segment overlaps receiving the next.
+#: receives (no copy of the input). Its reduce-scatter half moves segments of about
+#: ``_RING_SEGMENT_BYTES`` so that summing one segment overlaps receiving the next; each
+#: segment costs Python and gloo bookkeeping that competes with the transfer for the CPU, so
+#: 1 MiB beat 384 KiB at 4 to 25 MB on a 2-core VM, and the all-gather half (no sums) sends
+#: each chunk whole (bench/README.md).
 _RING_MIN_BYTES = 4 << 20
-_RING_SEGMENT_BYTES = 384 << 10
+_RING_SEGMENT_BYTES = 1 << 20
+#: The tag of the ring's all-gather messages, which overlap the reduce-scatter's (tag 0).
+_GATHER_TAG = 1
 #: Memory of large results, reused once the caller has dropped them (one pool per process).
 _result_buffers = ResultBuffers()
 
@@ -458,7 +463,10 @@ class CollectiveGroup:
         Why not ``dist.all_reduce`` on a copy: gloo reduces in place, and the copy plus the
         fresh memory's page faults cost a third of a 25 MB all-reduce. This is gloo's own ring
         (reduce-scatter, then all-gather; n - 1 steps each, one chunk per step to the next
-        rank) with the partial sums written straight into the result.
+        rank) with the partial sums written straight into the result. The last reduce-scatter
+        step completes the chunk this rank owns, which is what the all-gather's first step
+        sends: each of its segments goes on as soon as it is summed, so the two phases overlap
+        instead of the all-gather waiting for the last sum.
         """
         n, rank = self.world_size, self.rank
         result = _result_buffers.empty(source.numel(), source.dtype)
@@ -473,8 +481,9 @@ class CollectiveGroup:
                 after,
                 before,
                 add=inputs[received],
+                gather_into=outputs[rank] if step == n - 2 else None,
             )
-        for step in range(n - 1):  # all-gather of the owned chunks
+        for step in range(1, n - 1):  # the rest of the all-gather: forward what arrived
             self._exchange(
                 outputs[(rank + 1 - step) % n], outputs[(rank - step) % n], after, before
             )
@@ -487,19 +496,31 @@ class CollectiveGroup:
         dst: int,
         src: int,
         add: torch.Tensor | None = None,
+        gather_into: torch.Tensor | None = None,
     ) -> None:
-        """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (``recv += add``),
-        segment by segment so that each segment's sum overlaps the next one's transfer."""
-        sends = [
-            self._start("all-reduce", self._pg.send, [part], dst, 0) for part in _segments(send)
-        ]
-        parts = _segments(recv)  # the sender cuts this chunk the same way
+        """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (``recv += add``).
+
+        With ``add``, segment by segment so that each segment's sum overlaps the next one's
+        transfer; without, in one message (nothing to overlap, fewer calls). With
+        ``gather_into`` (the last reduce-scatter step), each summed segment of ``recv`` is sent
+        on to ``dst`` at once, and ``src``'s summed segments arrive in ``gather_into``."""
+        cut = _segments if add is not None else _whole
+        sends = [self._start("all-reduce", self._pg.send, [part], dst, 0) for part in cut(send)]
+        parts = cut(recv)  # the sender cuts this chunk the same way
         receives = [self._start("all-reduce", self._pg.recv, [part], src, 0) for part in parts]
-        adds = _segments(add) if add is not None else [None] * len(parts)
+        gathered = [
+            self._start("all-reduce", self._pg.recv, [part], src, _GATHER_TAG)
+            for part in (cut(gather_into) if gather_into is not None else ())
+        ]
+        adds = cut(add) if add is not None else [None] * len(parts)
         for work, part, addend in zip(receives, parts, adds):
             self.wait(work, "all-reduce")
             if addend is not None:
                 part.add_(addend)
+            if gather_into is not None:
+                sends.append(self._start("all-reduce", self._pg.send, [part], dst, _GATHER_TAG))
+        for work in gathered:
+            self.wait(work, "all-reduce")
         self.wait(sends[-1], "all-reduce")  # gloo completes a pair's sends in order
         for work in sends[:-1]:
             self.wait(work, "all-reduce")
@@ -567,6 +588,10 @@ def _result_buffer(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _segments(chunk: torch.Tensor) -> tuple[torch.Tensor, ...]:
     count = -(-chunk.numel() * chunk.element_size() // _RING_SEGMENT_BYTES)
     return chunk.tensor_split(max(1, count))
+
+
+def _whole(chunk: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (chunk,)
 
 
 def _packs(tensors: Sequence[torch.Tensor], bytes_per_pack: int) -> list[list[int]]:
