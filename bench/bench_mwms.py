@@ -38,8 +38,8 @@ SDK = HERE.parent / "sdk"
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rounds", type=int, default=15, help="alternating windows per loop")
-    p.add_argument("--steps", type=int, default=50, help="steps per window")
+    p.add_argument("--rounds", type=int, default=40, help="alternating windows per loop")
+    p.add_argument("--steps", type=int, default=25, help="steps per window")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--global-batch", type=int, default=256)
     p.add_argument("--ar-floats", type=int, default=6_250_000, help="25.0e6 bytes of float32")

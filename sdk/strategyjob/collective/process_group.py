@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from strategyjob import errors
 from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
-from strategyjob.collective.result_buffers import ResultBuffers
+from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffers
 
 __all__ = [
     "ClusterMembership",
@@ -421,6 +421,14 @@ class CollectiveGroup:
         """
         if not tensors:
             return []
+        if len(tensors) == 1 and _is_small(tensors[0]):
+            # One small tensor (the loss, every step): its clone is the result buffer, and the
+            # packing below would cost a fifth of the collective itself.
+            total = tensors[0].detach().clone(memory_format=torch.contiguous_format)
+            self.wait(self.all_reduce_async(total), "all-reduce")
+            if reduce_op == "mean":
+                self._divide_in_place(total)
+            return [total]
         results: list[torch.Tensor | None] = [None] * len(tensors)
         for indices in _packs(tensors, self.options.bytes_per_pack):
             parts = [tensors[i] for i in indices]
@@ -435,16 +443,19 @@ class CollectiveGroup:
                     flat = torch.cat([p.detach().reshape(-1).to(wire_dtype) for p in parts])
                 self.wait(self.all_reduce_async(flat), "all-reduce")
             if reduce_op == "mean":  # flat is this call's own buffer
-                if flat.is_floating_point() or flat.is_complex():
-                    flat.div_(self.world_size)
-                else:
-                    flat.floor_divide_(self.world_size)
+                self._divide_in_place(flat)
             offset = 0
             for i, p in zip(indices, parts):
                 n = p.numel()
                 results[i] = flat[offset : offset + n].view(p.shape).to(p.dtype)
                 offset += n
         return results  # type: ignore[return-value]
+
+    def _divide_in_place(self, total: torch.Tensor) -> None:
+        if total.is_floating_point() or total.is_complex():
+            total.div_(self.world_size)
+        else:
+            total.floor_divide_(self.world_size)
 
     def _rings(self, tensor: torch.Tensor, wire_dtype: torch.dtype) -> bool:
         return (
@@ -575,6 +586,15 @@ def _has_key(store: dist.Store, key: str) -> bool:
         return bool(store.check([key]))
     except (RuntimeError, OSError):
         return False
+
+
+def _is_small(tensor: torch.Tensor) -> bool:
+    """A dense tensor gloo and NCCL reduce as it is (not bool), below the pooled sizes."""
+    return (
+        tensor.layout == torch.strided
+        and tensor.dtype != torch.bool
+        and tensor.numel() * tensor.element_size() < MIN_POOLED_BYTES
+    )
 
 
 def _result_buffer(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -141,6 +141,8 @@ class MultiWorkerMirroredExtended(MirroredExtended):
                 (total,) = self._group.all_reduce([tensor], "sum")
                 if reduce_op == ReduceOp.MEAN:
                     total = _divide(total, self.num_replicas_in_sync)
+                if total.device.type == "cpu":  # already on the host, the destination
+                    return total
                 return self._place_on(self._default_reduce_destination(), total)
         return super()._reduce(reduce_op, value)
 
