@@ -302,6 +302,11 @@ def test_whole_job_restart_on_failure(tmp_path):
                 print("attempt", "first" if first else "restart", flush=True)
                 if first:
                     if os.environ["RANK"] == "1":
+                        # fail once worker 0 has counted its start: stopped before that, it
+                        # would take its restart for its first attempt and sleep
+                        deadline = time.monotonic() + 30
+                        while not os.path.exists("starts-0") and time.monotonic() < deadline:
+                            time.sleep(0.05)
                         sys.exit(1)
                     time.sleep(300)  # worker 0 is stopped by the restart
                 """,
@@ -318,6 +323,7 @@ def test_whole_job_restart_on_failure(tmp_path):
         in lines
     )
     assert "[worker-1] attempt restart" in lines
+    assert "[worker-0] attempt restart" in lines  # the whole job, not only the failed replica
     assert "; 1 restarts)" in lines[-1]
 
 
