@@ -58,6 +58,18 @@ def train_reference(
     return [p.detach().clone() for p in model.parameters()]
 
 
+def _small_all_reduce(ctx: sj.ReplicaContext, rid: float) -> dict:
+    small = torch.tensor([rid + 1.0, 2.0])
+    summed = ctx.all_reduce("SUM", small)
+    transposed = torch.arange(6.0).view(2, 3).t() * (rid + 1.0)
+    return {
+        "new_tensor": summed.data_ptr() != small.data_ptr(),
+        "input_untouched": small.tolist() == [rid + 1.0, 2.0],
+        "transposed": ctx.all_reduce("SUM", transposed).tolist(),
+        "int_mean": ctx.all_reduce("MEAN", torch.tensor([int(rid) * 3 + 1])).tolist(),
+    }
+
+
 def scenario_collectives() -> dict:
     strategy = make_strategy()
     ext = strategy.extended
@@ -90,6 +102,9 @@ def scenario_collectives() -> dict:
                 t.tolist() for t in ctx.all_reduce("SUM", [torch.ones(2), torch.tensor([int(rid)])])
             ],
             "all_gather": ctx.all_gather(torch.full((int(rid) + 1,), rid), 0).tolist(),
+            # small tensors (reduced through a clone): a new tensor, the input untouched, the
+            # transposed layout's values, integer MEAN rounding down
+            "small": _small_all_reduce(ctx, rid),
         }
 
     out["replica"] = strategy.run(replica_fn)

@@ -64,6 +64,13 @@ def test_replica_context_collectives(two_workers, chief_and_two_workers):
             assert rep["sum"] == sum(range(1, w + 1))
             assert rep["mean"] == pytest.approx(sum(range(1, w + 1)) / w)
             assert rep["nest"] == [[float(w), float(w)], [sum(range(w))]]
+            factor = sum(range(1, w + 1))
+            assert rep["small"] == {
+                "new_tensor": True,
+                "input_untouched": True,
+                "transposed": [[k * factor, (k + 3) * factor] for k in range(3)],
+                "int_mean": [sum(3 * k + 1 for k in range(w)) // w],
+            }
             # a 10 MB tensor (the out-of-place ring): exact, a new tensor, the input untouched,
             # the SUM result intact after the MEAN (its memory is not reused while held)
             assert r["ring"] == dict.fromkeys(
