@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -573,9 +573,19 @@ class CollectiveGroup:
 
     def any(self, flag: bool) -> bool:
         """True if ``flag`` is true on any worker."""
+        return self.any_async(flag)()
+
+    def any_async(self, flag: bool) -> Callable[[], bool]:
+        """Start agreeing whether ``flag`` is true on any worker; call the result for the
+        answer (it waits, bounded by the timeout, and raises the collective's error)."""
         value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        self.wait(self.all_reduce_async(value), "all-reduce")
-        return bool(value.item())
+        work = self.all_reduce_async(value)
+
+        def answer() -> bool:
+            self.wait(work, "all-reduce")
+            return bool(value.item())
+
+        return answer
 
     def barrier(self) -> None:
         self.any(False)

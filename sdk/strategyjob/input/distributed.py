@@ -80,6 +80,7 @@ class DistributedIterator:
         self._fetch_to_device = fetch_to_device
         self._last_present: Any = None  # shapes the empty batches of exhausted replicas
         self._finished = False
+        self._unconfirmed: Callable[[], bool] | None = None  # the last step's agreement
 
     def __iter__(self) -> DistributedIterator:
         return self
@@ -110,7 +111,16 @@ class DistributedIterator:
         if step is None:
             step = [None] * len(self._devices)
         has_data = any(entry is not None for entry in step)
-        if not self._extended._any_worker_has_data(has_data):
+        if self._unconfirmed is not None:
+            self._unconfirmed()  # done long ago; raises if the agreement failed
+            self._unconfirmed = None
+        # Every worker takes part in one agreement per step, but only a worker without data
+        # waits for its answer: one with data knows it already (some worker has data), so the
+        # round trip overlaps with its step instead of delaying it.
+        answer = self._extended._start_any_worker_has_data(has_data)
+        if has_data:
+            self._unconfirmed = answer
+        elif not answer():
             self._finished = True
             return _END
         return self._assemble(step)

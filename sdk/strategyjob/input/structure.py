@@ -105,6 +105,10 @@ def to_device(element: Any, device: torch.device) -> Any:
     """``element`` with every tensor moved to ``device`` (a no-op for tensors already there)."""
 
     if device.type == "cpu":
+        if isinstance(element, (tuple, list)) and all(
+            type(leaf) is torch.Tensor and leaf.device.type == "cpu" for leaf in element
+        ):
+            return element  # the common (inputs, labels) batch: nothing to move, no walk
         device = torch.device("cpu")  # logical CPUs "cpu:1"… all compute on torch's one CPU
 
     def move(leaf: Any) -> Any:

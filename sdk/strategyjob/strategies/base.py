@@ -227,6 +227,12 @@ class StrategyExtended:
     def _any_worker_has_data(self, flag: bool) -> bool:
         return flag
 
+    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
+        """Start :meth:`_any_worker_has_data`; calling the result gives the answer. Strategies
+        with peers override it so that a worker need not wait for an answer it knows."""
+        answer = self._any_worker_has_data(flag)
+        return lambda: answer
+
     def _replica_timeout(self) -> float | None:
         """Seconds replicas may wait for each other at a merge call (None: forever)."""
         return None

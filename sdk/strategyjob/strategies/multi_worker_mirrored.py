@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -167,6 +167,11 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         if self._group is None:
             return flag
         return self._group.any(flag)
+
+    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
+        if self._group is None:
+            return super()._start_any_worker_has_data(flag)
+        return self._group.any_async(flag)
 
     @property
     def _gradient_bucket_bytes(self) -> int:

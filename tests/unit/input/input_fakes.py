@@ -33,6 +33,7 @@ class FakeExtended:
         )
         self._cluster = cluster
         self.any_worker_calls: list[bool] = []
+        self.answers_collected: list[int] = []  # steps whose agreement the iterator waited on
 
     def _global_replica_id(self, local_id: int) -> int:
         return self._worker_index * len(self._local_devices) + local_id
@@ -42,6 +43,17 @@ class FakeExtended:
         if self._cluster is None:
             return flag
         return self._cluster.any_has_data(self._worker_index, flag)
+
+    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
+        """Agrees at once (lock-step); records when the iterator asks for the answer."""
+        answer = self._any_worker_has_data(flag)
+        step = len(self.any_worker_calls) - 1
+
+        def wait() -> bool:
+            self.answers_collected.append(step)
+            return answer
+
+        return wait
 
 
 class FakeCluster:

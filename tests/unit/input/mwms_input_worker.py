@@ -48,6 +48,15 @@ def main() -> None:
         distributed = strategy.experimental_distribute_dataset(
             dataset, auto_shard_policy=AutoShardPolicy.FILE
         )
+    elif case == "abandon":
+        # Leave a pass after two steps (its last agreement still unconfirmed), then make a
+        # whole new pass: the collectives must still line up, and the process exit cleanly.
+        batches = [torch.arange(i, i + 4) for i in range(0, 32, 4)]
+        distributed = strategy.experimental_distribute_dataset(batches)
+        for step, batch in enumerate(distributed):
+            strategy.run(lambda x: x.sum(), args=(batch,))
+            if step == 1:
+                break
     else:
         counting = CountingDataset(10)
         distributed = strategy.experimental_distribute_dataset(DataLoader(counting, batch_size=4))

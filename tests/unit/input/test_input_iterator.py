@@ -6,7 +6,7 @@ import pytest
 import torch
 from input_fakes import FakeExtended, range_batches
 from strategyjob._values import PerReplica
-from strategyjob.errors import InvalidArgumentError, OutOfRangeError
+from strategyjob.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
 from strategyjob.input import (
     DistributedIterator,
     InputOptions,
@@ -88,6 +88,34 @@ def test_every_step_asks_whether_any_worker_has_data() -> None:
     extended = FakeExtended(2)
     assert len(list(distribute_dataset(range_batches(8, 4), extended=extended))) == 2
     assert extended.any_worker_calls == [True, True, False]
+
+
+def test_a_worker_with_data_does_not_wait_for_the_agreement_of_its_step() -> None:
+    # The answer a worker with data would wait for is one it knows: its round trip overlaps
+    # with the step and is collected when the next step starts.
+    extended = FakeExtended(2)
+    iterator = iter(distribute_dataset(range_batches(8, 4), extended=extended))
+    next(iterator)
+    assert extended.answers_collected == []
+    next(iterator)
+    assert extended.answers_collected == [0]
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert extended.answers_collected == [0, 1, 2]  # no data: it waits for the answer
+
+
+def test_a_failed_agreement_surfaces_at_the_next_step() -> None:
+    class Broken(FakeExtended):
+        def _start_any_worker_has_data(self, flag: bool):
+            def wait() -> bool:
+                raise UnavailableError("cluster check alive failed, worker 1 is down")
+
+            return wait
+
+    iterator = iter(distribute_dataset(range_batches(8, 4), extended=Broken(2)))
+    next(iterator)
+    with pytest.raises(UnavailableError, match="worker 1 is down"):
+        next(iterator)
 
 
 def test_each_iter_is_a_new_pass_over_re_iterable_input() -> None:

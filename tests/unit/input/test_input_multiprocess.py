@@ -83,3 +83,10 @@ def test_mwms_dataloader_data_sharding_loads_only_own_examples() -> None:
     assert worker["steps"] == [[2, 3], [6, 7], [9]]
     assert chief["loaded"] == [0, 1, 4, 5, 8]
     assert worker["loaded"] == [2, 3, 6, 7, 9]
+
+
+def test_mwms_pass_left_midway_then_a_new_pass() -> None:
+    chief, worker = run_two_workers("abandon")
+    assert chief["steps"] == [[i, i + 1] for i in range(0, 32, 4)]
+    assert worker["steps"] == [[i + 2, i + 3] for i in range(0, 32, 4)]
+    assert chief["totals"] == worker["totals"] == [4 * i + 6 for i in range(0, 32, 4)]
