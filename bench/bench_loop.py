@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mwms import SDK, _results, _spawn_all, _window_rates
+from bench_mwms import SDK, _results, _spawn_all, _window_rates, run_tensorflow
 from strategyjob.launcher import free_ports
 
 LOOPS = ("dataset", "fn", "exp_fn", "ddp")
@@ -55,6 +55,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
     p.add_argument("--loops", default=",".join(LOOPS), help="which loops to time")
     p.add_argument("--profile", action="store_true", help="cProfile the SDK's loop after timing")
+    p.add_argument("--tensorflow", metavar="VENV", help="also TF MWMS over a tf.data input")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ports", default=None, help=argparse.SUPPRESS)
@@ -68,8 +69,12 @@ def launch(args: argparse.Namespace) -> None:
     for key in ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
         env.pop(key, None)
     port_arg = ",".join(map(str, ports))
+    forwarded = list(sys.argv[1:])
+    if args.tensorflow:
+        i = forwarded.index("--tensorflow")
+        del forwarded[i : i + 2]
     commands = [
-        ([sys.executable, __file__, *sys.argv[1:], "--rank", str(r), "--ports", port_arg], env)
+        ([sys.executable, __file__, *forwarded, "--rank", str(r), "--ports", port_arg], env)
         for r in range(args.nworkers)
     ]
     loops = args.loops.split(",")
@@ -110,6 +115,12 @@ def launch(args: argparse.Namespace) -> None:
             print(f"--- rank {r['rank']}: SDK Python per step (cProfile tottime, top entries) ---")
             for line in r["profile"]:
                 print(line)
+    if args.tensorflow:
+        # TF's loop over tf.data, after the torch windows (one run, not alternating)
+        args.ar_floats, args.ar_iters = 1, 0
+        tf_rate = run_tensorflow(args, ("--input=dataset", f"--examples={args.examples}"))
+        for loop in loops:
+            print(f"ratio {loop}/tensorflow = {medians[loop] / tf_rate:.3f}")
     if "ddp" in medians:
         for loop in loops:
             if loop != "ddp":

@@ -158,7 +158,9 @@ def launch(args: argparse.Namespace) -> None:
     )
 
 
-def run_tensorflow(args: argparse.Namespace) -> None:
+def run_tensorflow(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> float:
+    """Run bench/tf_mwms_reference.py on every worker (``extra``: more of its options);
+    print and return TF's steps/s."""
     python = Path(args.tensorflow) / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"--tensorflow {args.tensorflow}: {python} does not exist (see README)")
@@ -177,6 +179,7 @@ def run_tensorflow(args: argparse.Namespace) -> None:
             f"--steps={args.steps * args.rounds}",
             f"--ar-floats={args.ar_floats}",
             f"--ar-iters={args.ar_iters}",
+            *extra,
         ]
         commands.append((cmd, env))
     print("tensorflow: MultiWorkerMirroredStrategy (RING), same workload", flush=True)
@@ -184,10 +187,9 @@ def run_tensorflow(args: argparse.Namespace) -> None:
     sps = statistics.fmean(r["steps_per_s"] for r in results)
     ar = statistics.fmean(r["ar_med_s"] for r in results)
     nbytes = args.ar_floats * 4
-    print(
-        f"TF MWMS: {sps:.2f} steps/s, all-reduce {ar * 1e3:.2f} ms = "
-        f"{nbytes / ar / 1e9:.3f} GB/s (TensorFlow {results[0]['tf_version']})"
-    )
+    timed = f", all-reduce {ar * 1e3:.2f} ms = {nbytes / ar / 1e9:.3f} GB/s" if ar == ar else ""
+    print(f"TF MWMS: {sps:.2f} steps/s{timed} (TensorFlow {results[0]['tf_version']})")
+    return sps
 
 
 # ------------------------------------------------------------------------------------- worker

@@ -6,6 +6,11 @@ set. MLP 784-512-512-10 (Glorot init), global batch 256, ``tf.function`` around
 ``compute_average_loss``, ``ReplicaContext.all_reduce(SUM, grads)``, ``assign_sub``. RING
 collectives (TF's CPU implementation). Then a 25 MB float32 all-reduce through
 ``ReplicaContext.all_reduce``. Prints one ``RESULT {json}`` line. Needs only tensorflow-cpu.
+
+``--input dataset`` (``bench_loop.py``) feeds the steps the way TF users write it instead of one
+fixed batch: ``strategy.experimental_distribute_dataset`` over a shuffled, batched
+``tf.data.Dataset.from_tensor_slices`` of ``--examples`` synthetic examples (repeated), its
+iterator passed to the ``tf.function``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ p.add_argument("--global-batch", type=int, default=256)
 p.add_argument("--warmup", type=int, default=10)
 p.add_argument("--steps", type=int, default=350)
 p.add_argument("--ar-floats", type=int, default=6_250_000)
-p.add_argument("--ar-iters", type=int, default=20)
+p.add_argument("--ar-iters", type=int, default=20, help="0: no all-reduce timing")
+p.add_argument("--input", choices=["fixed", "dataset"], default="fixed")
+p.add_argument("--examples", type=int, default=256 * 40 + 100)
 args = p.parse_args()
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -75,11 +82,34 @@ def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step_fn, args=(x, y)), None)
 
 
+if args.input == "dataset":
+    features = tf.random.stateless_normal([args.examples, 784], seed=[1234, 0])
+    labels = tf.random.stateless_uniform([args.examples], [1234, 1], maxval=10, dtype=tf.int32)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices((features, labels))
+        .shuffle(args.examples, seed=0)
+        .batch(args.global_batch)
+        .repeat()
+    )
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    @tf.function
+    def dataset_step(iterator) -> tf.Tensor:
+        return train_step(*next(iterator))
+
+    def one_step() -> tf.Tensor:
+        return dataset_step(iterator)
+else:
+
+    def one_step() -> tf.Tensor:
+        return train_step(x, y)
+
+
 for _ in range(args.warmup):
-    loss_first = float(train_step(x, y))
+    loss_first = float(one_step())
 start = time.perf_counter()
 for _ in range(args.steps):
-    loss = train_step(x, y)
+    loss = one_step()
 loss_last = float(loss)
 steps_per_s = args.steps / (time.perf_counter() - start)
 
@@ -98,14 +128,16 @@ def all_reduce(t: tf.Tensor) -> tf.Tensor:
     return strategy.run(all_reduce_fn, args=(t,))
 
 
-times = []
-for i in range(args.ar_iters + 3):
+times = [float("nan")]
+for i in range(args.ar_iters + 3 if args.ar_iters else 0):
     begin = time.perf_counter()
     result = all_reduce(big)
     float(strategy.experimental_local_results(result)[0][0])
+    if i == 3:
+        times = []
     if i >= 3:
         times.append(time.perf_counter() - begin)
-float(train_step(x, y))  # a last collective as a barrier before leaving
+float(one_step())  # a last collective as a barrier before leaving
 print(
     "RESULT "
     + json.dumps(
