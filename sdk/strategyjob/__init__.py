@@ -63,6 +63,7 @@ _SUBMODULES = {
     "input",
     "jobspec",
     "launcher",
+    "nn",
     "runner",
     "server",
     "tpu",

@@ -418,11 +418,13 @@ class ReplicaContext:
     def all_reduce(self, reduce_op: ReduceOp | str, value: Any, options: Any = None) -> Any:
         """Reduce ``value`` (a nest of tensors) across replicas; every replica gets the result.
 
+        Python numbers, numpy values and variables become a tensor in each replica first (as
+        TF converts them), so ``all_reduce("SUM", 1.0)`` over 2 replicas is ``tensor(2.)``.
         Differentiable: the gradient of an all-SUM/all-MEAN is the all-SUM/all-MEAN of the
         replicas' upstream gradients, so every replica must run backward through it.
         """
         reduce_op = to_reduce_op(reduce_op)
-        flat = _nest.flatten(value)
+        flat = [_replica_tensor(leaf) for leaf in _nest.flatten(value)]
         require_replica_context(self)
         if _needs_grad(flat) and self.num_replicas_in_sync > 1:
             reduced = _AllReduceWithGrad.apply(self, reduce_op, options, *flat)
@@ -439,10 +441,11 @@ class ReplicaContext:
     def all_gather(self, value: Any, axis: int, options: Any = None) -> Any:
         """Concatenate ``value`` (a nest of tensors) of all replicas along ``axis``, in id order.
 
+        Non-tensor leaves become tensors in each replica first, as in ``all_reduce``.
         Differentiable: the gradient is this replica's segment of the SUM-all-reduced upstream
         gradient, so every replica must run backward through it.
         """
-        flat = _nest.flatten(value)
+        flat = [_replica_tensor(leaf) for leaf in _nest.flatten(value)]
         for leaf in flat:
             if isinstance(leaf, torch.Tensor) and leaf.is_sparse:
                 raise NotImplementedError("all_gather does not support IndexedSlices")
@@ -464,6 +467,26 @@ class ReplicaContext:
             f"<{type(self).__name__} replica_id_in_sync_group={self._replica_id} "
             f"num_replicas_in_sync={self.num_replicas_in_sync}>"
         )
+
+
+def _replica_tensor(leaf: Any) -> Any:
+    """One replica's leaf as TF's ``convert_to_tensor`` gives it inside ``all_reduce``.
+
+    Tensors stay as they are (the very same tensor on every replica is one value, which TF
+    reduces as a non-distributed value); a variable is read; a distributed value gives this
+    replica's component; a Python or numpy value becomes a new tensor of its own, so each
+    replica contributes its copy.
+    """
+    if isinstance(leaf, torch.Tensor):
+        return leaf
+    read = getattr(leaf, "read_value", None)
+    if callable(read):
+        return read()
+    from ._values import DistributedValues  # the values layer sits below this one
+
+    if isinstance(leaf, DistributedValues):
+        return _replica_tensor(leaf._get())
+    return torch.tensor(leaf)
 
 
 def _needs_grad(flat: list) -> bool:

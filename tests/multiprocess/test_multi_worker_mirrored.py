@@ -69,7 +69,8 @@ def test_replica_context_collectives(two_workers, chief_and_two_workers):
                 "new_tensor": True,
                 "input_untouched": True,
                 "transposed": [[k * factor, (k + 3) * factor] for k in range(3)],
-                "int_mean": [sum(3 * k + 1 for k in range(w)) // w],
+                # TF's MEAN is a true division (truediv): ints give a float, never floored
+                "int_mean": [sum(3 * k + 1 for k in range(w)) / w],
             }
             # a 10 MB tensor (the out-of-place ring): exact, a new tensor, the input untouched,
             # the SUM result intact after the MEAN (its memory is not reused while held)

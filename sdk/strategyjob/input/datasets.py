@@ -3,7 +3,8 @@
 ``FileDataset`` declares the files it reads, so ``AutoShardPolicy.FILE`` (and AUTO) can give
 each worker its own files instead of making every worker read everything. ``shard`` keeps every
 n-th global batch of any iterable and accepts ``SHARD_HINT`` placeholders for
-``AutoShardPolicy.HINT``.
+``AutoShardPolicy.HINT``. ``NumpyDataset`` (what ``experimental_make_numpy_dataset`` returns)
+serves in-memory arrays as examples without copying them.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import _nest
 from .options import SHARD_HINT
 
-__all__ = ["FileDataset", "ShardedDataset", "shard"]
+__all__ = ["FileDataset", "NumpyBatches", "NumpyDataset", "ShardedDataset", "shard"]
 
 PathLike = str | os.PathLike
 
@@ -152,3 +154,93 @@ def shard(dataset: Iterable[Any], num_shards: int, index: int) -> ShardedDataset
     """``Dataset.shard`` for any iterable of batches; ``shard(ds, SHARD_HINT, SHARD_HINT)`` lets
     ``AutoShardPolicy.HINT`` fill in ``(num_workers, worker_index)``."""
     return ShardedDataset(dataset, num_shards, index)
+
+
+def _shared_tensor(leaf: Any) -> torch.Tensor:
+    """A tensor over ``leaf``'s memory where torch can view it, else over one copy of it.
+
+    ``torch.from_numpy`` shares memory for writable, native-byte-order arrays with
+    non-negative strides and a dtype torch has; read-only, byte-swapped or reversed arrays are
+    copied once (viewing read-only memory would let an in-place op write into it).
+    """
+    if isinstance(leaf, torch.Tensor):
+        return leaf
+    array = np.asarray(leaf)
+    if array.ndim == 0:
+        raise ValueError(
+            "experimental_make_numpy_dataset slices its arrays into examples along dimension 0, "
+            f"so they need rank >= 1; got a scalar {leaf!r} (Unbatching a tensor is only "
+            "supported for rank >= 1)."
+        )
+    viewable = (
+        array.flags.writeable
+        and array.dtype.isnative
+        and all(stride >= 0 for stride in array.strides)
+    )
+    if not viewable:
+        array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C", copy=True)
+    return torch.from_numpy(array)
+
+
+class NumpyDataset(torch.utils.data.Dataset):
+    """The examples of a nest of arrays, sliced along dim 0 (TF's ``from_tensor_slices``).
+
+    What ``Strategy.experimental_make_numpy_dataset`` returns. The arrays are shared with torch,
+    not copied (see :func:`_shared_tensor`). Batch it for ``experimental_distribute_dataset``
+    with a ``DataLoader(ds, batch_size=GLOBAL_BATCH)`` or, as in TF, ``ds.batch(GLOBAL_BATCH)``
+    (views of the arrays, no copy per batch). A top-level list of arrays is stacked into one
+    array, as TF does.
+    """
+
+    def __init__(self, numpy_input: Any) -> None:
+        if isinstance(numpy_input, list):
+            numpy_input = np.stack(numpy_input)
+        self._structure = _nest.map_structure(_shared_tensor, numpy_input)
+        lengths = {len(leaf) for leaf in _nest.flatten(self._structure)}
+        if len(lengths) != 1:
+            raise ValueError(
+                "All arrays given to experimental_make_numpy_dataset must have the same length "
+                f"along dimension 0; got lengths {sorted(lengths)}."
+            )
+        self._length = lengths.pop()
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> Any:
+        return _nest.map_structure(lambda leaf: leaf[index], self._structure)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The examples in order (unbatched, like iterating TF's dataset)."""
+        for index in range(self._length):
+            yield self[index]
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> NumpyBatches:
+        """Consecutive examples in batches of ``batch_size`` (``tf.data.Dataset.batch``)."""
+        return NumpyBatches(self._structure, self._length, batch_size, drop_remainder)
+
+
+class NumpyBatches:
+    """``NumpyDataset.batch(n)``: slices of the arrays (views), the last one partial unless
+    ``drop_remainder``. Declares ``batch_size``, so distributing it splits every global batch
+    the way TF splits a dataset batched with that size."""
+
+    def __init__(self, structure: Any, length: int, batch_size: int, drop_remainder: bool) -> None:
+        if isinstance(batch_size, bool) or int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self._structure = structure
+        self._length = length
+        self.batch_size = int(batch_size)
+        self.drop_remainder = bool(drop_remainder)
+
+    def __len__(self) -> int:
+        full, rest = divmod(self._length, self.batch_size)
+        return full + (1 if rest and not self.drop_remainder else 0)
+
+    def __iter__(self) -> Iterator[Any]:
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield _slice_nest(self._structure, start, min(start + self.batch_size, self._length))
+
+
+def _slice_nest(structure: Any, start: int, stop: int) -> Any:
+    return _nest.map_structure(lambda leaf: leaf[start:stop], structure)

@@ -91,9 +91,13 @@ def _device_of(value: Any) -> torch.device | None:
 
 
 def _divide(total: torch.Tensor, count: int | torch.Tensor) -> torch.Tensor:
-    if total.is_floating_point() or total.is_complex():
-        return total / count
-    return torch.div(total, count, rounding_mode="floor")
+    """MEAN's division, TF's ``truediv``: integers give a float (8/16-bit: float32, wider:
+    float64), so the MEAN of ints 1 and 2 is 1.5, never a floored 1."""
+    if not (total.is_floating_point() or total.is_complex()):
+        total = total.to(torch.float32 if total.element_size() <= 2 else torch.float64)
+    if isinstance(count, torch.Tensor):
+        count = to_device(count, total.device).to(total.dtype)
+    return total / count
 
 
 def _normalize_axes(axis: Any) -> tuple[int, ...]:
@@ -144,6 +148,17 @@ def _is_mirrored(value: Any) -> bool:
     if isinstance(value, Mirrored):
         return True
     return type(value).__name__ == "MirroredVariable" and is_distributed_variable(value)
+
+
+def _is_distributed_nest(value: Any) -> bool:
+    """A list/tuple/dict structure with a distributed value among its leaves.
+
+    Such nests reduce and gather leaf by leaf; a nest of plain values (``[1.0, 2.0]``) stays
+    one tensor-like value, as TF converts it.
+    """
+    return _nest.is_nested(value) and any(
+        isinstance(leaf, DistributedValues) for leaf in _nest.flatten(value)
+    )
 
 
 def _all_zero(value: Any) -> bool:
@@ -360,9 +375,7 @@ class StrategyExtended:
     def _local_results(self, value: Any) -> tuple:
         if isinstance(value, DistributedValues):
             return value.values
-        if _nest.is_nested(value) and any(
-            isinstance(x, DistributedValues) for x in _nest.flatten(value)
-        ):
+        if _is_distributed_nest(value):
             count = len(self._logical_devices)
             return tuple(
                 _nest.map_structure(
@@ -479,6 +492,35 @@ class StrategyExtended:
         return self._batch_reduce_to(reduce_op, [(value, destinations)], options)[0]
 
     def _batch_reduce_to(
+        self, reduce_op: ReduceOp, pairs: Sequence[tuple[Any, Any]], options: Any
+    ) -> list[Any]:
+        """Nests holding distributed values reduce leaf by leaf (as TF's Mirrored ``_reduce_to``
+        maps over the structure); every leaf of every pair goes into one batch."""
+        flat_pairs: list[tuple[Any, Any]] = []
+        spans: list[tuple[Any, int] | None] = []  # (structure, leaf count) per nested pair
+        for value, destinations in pairs:
+            if _is_distributed_nest(value):
+                leaves = _nest.flatten(value)
+                spans.append((value, len(leaves)))
+                flat_pairs.extend((leaf, destinations) for leaf in leaves)
+            else:
+                spans.append(None)
+                flat_pairs.append((value, destinations))
+        reduced = self._batch_reduce_leaves(reduce_op, flat_pairs, options)
+        if not any(spans):
+            return reduced
+        results, offset = [], 0
+        for span in spans:
+            if span is None:
+                results.append(reduced[offset])
+                offset += 1
+            else:
+                structure, count = span
+                results.append(_nest.pack_sequence_as(structure, reduced[offset : offset + count]))
+                offset += count
+        return results
+
+    def _batch_reduce_leaves(
         self, reduce_op: ReduceOp, pairs: Sequence[tuple[Any, Any]], options: Any
     ) -> list[Any]:
         results: list[Any] = [None] * len(pairs)
@@ -684,7 +726,8 @@ class Strategy:
 
         ``axis=None`` reduces across replicas only. With ``axis``, each replica first reduces
         along ``axis``; MEAN then divides the global sum by the global element count, so partial
-        batches are weighted by their true size.
+        batches are weighted by their true size. A nest holding distributed values (what
+        ``run`` returns for a dict of losses) is reduced leaf by leaf, its structure kept.
         """
         reduce_op = to_reduce_op(reduce_op)
         _context.require_cross_replica_or_default_context_extended(self._extended)
@@ -692,6 +735,8 @@ class Strategy:
         if axis is None:
             return extended._reduce(reduce_op, value)
         axes = _normalize_axes(axis)
+        if _is_distributed_nest(value):
+            return _nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axes), value)
         if reduce_op == ReduceOp.SUM:
             return extended._reduce(
                 ReduceOp.SUM, extended._map_local(lambda v: _sum_over(v, axes), value)
@@ -702,22 +747,28 @@ class Strategy:
         denominator = extended._reduce(
             ReduceOp.SUM, extended._map_local(lambda v: _count_over(v, axes), value)
         )
-        numerator = _to_tensor(numerator)
-        denominator = to_device(_to_tensor(denominator), numerator.device)
-        if numerator.is_floating_point() or numerator.is_complex():
-            return numerator / denominator.to(numerator.dtype)
-        return numerator / denominator
+        return _divide(_to_tensor(numerator), _to_tensor(denominator))
 
     def gather(self, value: Any, axis: int) -> Any:
-        """Concatenate the replicas' components of ``value`` along ``axis``, in replica order."""
+        """Concatenate the replicas' components of ``value`` along ``axis``, in replica order.
+
+        A nest holding distributed values (e.g. from ``experimental_distribute_values_from_
+        function``) is gathered leaf by leaf, its structure kept: no replica's data is dropped.
+        """
         _context.require_cross_replica_or_default_context_extended(
             self._extended, GATHER_REQUIRES_CROSS_REPLICA
         )
-        if isinstance(value, torch.Tensor) and value.is_sparse:
-            raise NotImplementedError("gather does not support IndexedSlices")
         extended = self._extended
-        gathered = extended._gather_to(value, extended._default_reduce_destination(), axis)
-        return extended._local_results(gathered)[0]
+        destination = extended._default_reduce_destination()
+
+        def gather_leaf(leaf: Any) -> Any:
+            if isinstance(leaf, torch.Tensor) and leaf.is_sparse:
+                raise NotImplementedError("gather does not support IndexedSlices")
+            return extended._local_results(extended._gather_to(leaf, destination, axis))[0]
+
+        if _is_distributed_nest(value):
+            return _nest.map_structure(gather_leaf, value)
+        return gather_leaf(value)
 
     def experimental_local_results(self, value: Any) -> tuple:
         """The local per-replica components of ``value`` (``(value,)`` for a plain value)."""
@@ -752,6 +803,17 @@ class Strategy:
     def experimental_distribute_datasets_from_function(self, dataset_fn, options=None):
         """Deprecated alias of :meth:`distribute_datasets_from_function`."""
         return self.distribute_datasets_from_function(dataset_fn, options)
+
+    def experimental_make_numpy_dataset(self, numpy_input: Any, session: Any = None) -> Any:
+        """A dataset of the examples in ``numpy_input`` (a nest of arrays sliced along dim 0).
+
+        The arrays are shared with torch, not copied, where torch can view them (else copied
+        once). Batch it (``DataLoader(ds, batch_size=...)`` or ``ds.batch(...)``) before
+        ``experimental_distribute_dataset``. ``session`` is TF1's and is ignored.
+        """
+        from strategyjob.input.datasets import NumpyDataset
+
+        return NumpyDataset(numpy_input)
 
     # --- copying --------------------------------------------------------------------------
     def __copy__(self) -> Strategy:

@@ -1,8 +1,9 @@
 """The ``tf.compat.v1`` strategy methods, as a mixin for any ``Strategy``.
 
-TensorFlow keeps ``experimental_run``, ``make_dataset_iterator``, ``make_input_fn_iterator``,
-``update_config_proto`` and ``experimental_make_numpy_dataset`` on ``StrategyBase``, so the v2
-classes have them too. They are thin layers over ``run``, ``experimental_distribute_dataset`` and
+TensorFlow keeps ``experimental_run``, ``make_dataset_iterator``, ``make_input_fn_iterator`` and
+``update_config_proto`` on ``StrategyBase``, so the v2 classes have them too
+(``experimental_make_numpy_dataset`` is on every strategy: ``strategies/base.py``). They are
+thin layers over ``run``, ``experimental_distribute_dataset`` and
 ``distribute_datasets_from_function``; ported TF1 code keeps working unchanged.
 """
 
@@ -12,10 +13,8 @@ import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
-import torch
-
-from strategyjob import _nest, errors
+from strategyjob import errors
+from strategyjob.input.datasets import NumpyDataset
 from strategyjob.input.options import InputReplicationMode
 
 __all__ = ["CompatV1StrategyMethods", "InputIterator", "NumpyDataset"]
@@ -66,38 +65,6 @@ class InputIterator:
         return next(self._ensure())
 
 
-class NumpyDataset(torch.utils.data.Dataset):
-    """Examples of a nest of numpy arrays along dim 0, as torch tensors (map-style dataset).
-
-    What ``experimental_make_numpy_dataset`` returns; batch it (e.g. with a ``DataLoader``) before
-    ``experimental_distribute_dataset``.
-    """
-
-    def __init__(self, numpy_input: Any) -> None:
-        def as_tensor(leaf: Any) -> torch.Tensor:
-            if isinstance(leaf, (list, tuple)):
-                leaf = np.stack(leaf)
-            return torch.as_tensor(np.asarray(leaf))
-
-        if isinstance(numpy_input, list):  # TF stacks lists of arrays
-            numpy_input = np.stack(numpy_input)
-        self._structure = _nest.map_structure(as_tensor, numpy_input)
-        leaves = _nest.flatten(self._structure)
-        lengths = {len(leaf) for leaf in leaves}
-        if len(lengths) != 1:
-            raise ValueError(
-                "All arrays given to experimental_make_numpy_dataset must have the same length "
-                f"along dimension 0; got lengths {sorted(lengths)}."
-            )
-        self._length = lengths.pop()
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, index: int) -> Any:
-        return _nest.map_structure(lambda leaf: leaf[index], self._structure)
-
-
 class CompatV1StrategyMethods:
     """Mixin: the deprecated TF1 methods, on top of the v2 API of the class it is mixed into."""
 
@@ -138,9 +105,3 @@ class CompatV1StrategyMethods:
             return hook(updated)
         updated["isolate_session_state"] = True
         return updated
-
-    def experimental_make_numpy_dataset(
-        self, numpy_input: Any, session: Any = None
-    ) -> NumpyDataset:
-        """A dataset of the examples in ``numpy_input`` (a nest of arrays split along dim 0)."""
-        return NumpyDataset(numpy_input)

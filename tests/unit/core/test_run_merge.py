@@ -222,12 +222,11 @@ def test_all_reduce_nest_gives_each_replica_its_own_copy(mirrored: sj.MirroredSt
 
 
 def test_all_reduce_of_identical_python_value(mirrored: sj.MirroredStrategy) -> None:
-    assert mirrored.run(lambda: sj.get_replica_context().all_reduce("mean", 4.0)) == 4.0
-    with pytest.raises(ValueError) as err:
-        mirrored.run(lambda: sj.get_replica_context().all_reduce("sum", 1.0))
-    assert str(err.value) == (
-        "A non-DistributedValues value 1.0 cannot be reduced with the given reduce op ReduceOp.SUM."
-    )
+    # Each replica converts a Python number to a tensor of its own, as TF does: reduced.
+    means = mirrored.run(lambda: sj.get_replica_context().all_reduce("mean", 4.0))
+    assert [t.item() for t in mirrored.experimental_local_results(means)] == [4.0, 4.0]
+    sums = mirrored.run(lambda: sj.get_replica_context().all_reduce("sum", 1.0))
+    assert [t.item() for t in mirrored.experimental_local_results(sums)] == [2.0, 2.0]
 
 
 def test_all_reduce_in_default_context_returns_value() -> None:
