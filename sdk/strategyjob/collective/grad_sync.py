@@ -23,6 +23,18 @@ How:
 * A global module parameter-registration hook registers every parameter created while a
   strategy's ``scope()`` is entered on the current thread with that strategy
   (``extended._register_parameter``) and with its :class:`GradientSynchronizer`.
+* TensorFlow distributes every variable created in scope, however it was made, so mirrored
+  strategies (``extended._adopts_parameters``) also take parameters that reach the scope
+  another way: a module deep-copied or unpickled (``torch.load``) there, a module attached
+  there, or an optimizer created there over a module built outside (its param groups name
+  every parameter it updates); and parameters later attached to a synchronised module or
+  added to an optimizer of synchronised parameters. They are registered as if built in scope
+  (MultiWorkerMirroredStrategy gives them the chief's values before the next ``run``). An
+  optimizer stepped in ``run`` over parameters of no strategy is refused with TF's
+  "was not created in the distribution strategy scope" error instead of letting replicas
+  drift apart; that check runs when an optimizer's param groups are first seen or change.
+  All of this happens when parameters are created, attached or handed to an optimizer:
+  never per step.
 * One replica per process, several workers (MultiWorkerMirroredStrategy, the hot path): like
   DDP, parameters are packed into buckets (~25 MB, the first ~1 MB, reverse registration
   order); a post-accumulate-grad hook marks each gradient final as backward produces it, and
@@ -46,6 +58,7 @@ step once per replica); optimizers that override ``zero_grad`` are not intercept
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -60,7 +73,17 @@ from torch.utils.weak import WeakIdKeyDictionary
 from strategyjob import _context
 from strategyjob._reduce import ReduceOp
 
-__all__ = ["GradientSynchronizer", "install", "synchronizer_for"]
+__all__ = ["NOT_CREATED_IN_SCOPE", "GradientSynchronizer", "install", "synchronizer_for"]
+
+#: TensorFlow's error (Keras ``compile``) for a variable not created in the strategy's scope,
+#: its example showing where the PyTorch objects go.
+NOT_CREATED_IN_SCOPE = (
+    "Variable ({variable}) was not created in the distribution strategy scope of ({strategy}). "
+    "It is most likely due to not all layers or the model or optimizer being created outside "
+    "the distribution strategy scope. Try to make sure your code looks similar to the "
+    "following.\nwith strategy.scope():\n  model=_create_model()\n"
+    "  optimizer=torch.optim.SGD(model.parameters(), lr=0.1)"
+)
 
 #: Default bucket size (DDP's ``bucket_cap_mb=25``) and first-bucket size (DDP's 1 MB).
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -246,6 +269,7 @@ class GradientSynchronizer:
         self._extended_ref = weakref.ref(extended)
         self.params: list[torch.nn.Parameter] = []
         self._pending_broadcast: list[torch.nn.Parameter] = []
+        self._hooked: set[int] = set()  # ids of the parameters whose accumulation is watched
         self._buckets: list[_Bucket] | None = None
         self._where: dict[int, tuple[_Bucket, int]] = {}
         self._next_launch = 0
@@ -268,7 +292,16 @@ class GradientSynchronizer:
         self.params.append(param)
         self._pending_broadcast.append(param)
         self._buckets = None  # rebuilt at the next step boundary
+        self._watch(param)
+
+    def _watch(self, param: torch.Tensor) -> None:
+        """Hook ``param``'s gradient accumulation, on the bucketed path only (elsewhere the hook
+        would be a Python call per parameter and backward pass for nothing). A frozen parameter
+        cannot take a hook: it gets one when buckets are built after it requires grad."""
+        if id(param) in self._hooked or not param.requires_grad or not self._overlapping():
+            return
         param.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._hooked.add(id(param))
 
     def take_pending_broadcast(self) -> list[torch.nn.Parameter]:
         """Parameters whose initial values have not been synchronised yet (and forget them).
@@ -304,6 +337,9 @@ class GradientSynchronizer:
             live = [p for p in self.params if p in _owner]
             self._buckets = _build_buckets(live, size)
             self._where = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
+            for bucket in self._buckets:
+                for p in bucket.params:
+                    self._watch(p)
             self._next_launch = 0
         return self._buckets
 
@@ -419,22 +455,122 @@ def _scope_strategy() -> Any:
     return mode.strategy
 
 
+def _adopts(extended: Any) -> bool:
+    """Whether ``extended``'s strategy takes parameters that were not built in its scope."""
+    return extended is not None and getattr(extended, "_adopts_parameters", False) is True
+
+
+def _owning_extended(tensor: torch.Tensor | None) -> Any:
+    """The ``extended`` of the adopting strategy that synchronises ``tensor``, else None."""
+    sync = _owner.get(tensor) if tensor is not None else None
+    extended = sync.extended if sync is not None else None
+    return extended if _adopts(extended) else None
+
+
+def _register(extended: Any, param: torch.nn.Parameter) -> torch.nn.Parameter | None:
+    """Register a parameter being put in a module; returns the strategy's replacement for it
+    (CentralStorageStrategy: a copy on the parameter device), if any."""
+    register = getattr(extended, "_register_parameter", None)
+    replacement = register(param) if register is not None else None
+    if not isinstance(replacement, torch.nn.Parameter):
+        replacement = None
+    synchronizer_for(extended).add(param if replacement is None else replacement)
+    return replacement
+
+
+def _adopt(extended: Any, params: Iterable[torch.Tensor | None]) -> None:
+    """Register parameters that reached the strategy without being built in its scope, as if
+    they had been. Modules and optimizers already hold them, so a placement the strategy asks
+    for (its replacement's device) is made in place."""
+    register = getattr(extended, "_register_parameter", None)
+    for param in params:
+        if param is None or param in _owner:
+            continue
+        replacement = register(param) if register is not None else None
+        if isinstance(replacement, torch.Tensor) and replacement is not param:
+            param.data = replacement.data
+        synchronizer_for(extended).add(param)
+
+
 def _on_parameter_registered(
     module: torch.nn.Module, name: str, param: torch.nn.Parameter | None
 ) -> torch.nn.Parameter | None:
     if param is None:
         return None
     strategy = _scope_strategy()
-    if strategy is None:
+    if strategy is not None:
+        return _register(strategy.extended, param)
+    if not _owner or param in _owner:
+        return None  # plain torch (no strategy has parameters), or already synchronised
+    # Put in a module the strategy synchronises (replacing one of its parameters, or next to
+    # them): ``model.scale = nn.Parameter(...)``, ``load_state_dict(..., assign=True)``.
+    extended = _owning_extended(module._parameters.get(name)) or _owning_extended(
+        next(module.parameters(), None)
+    )
+    return None if extended is None else _register(extended, param)
+
+
+def _on_module_registered(
+    module: torch.nn.Module, name: str, submodule: torch.nn.Module | None
+) -> None:
+    """A module attached in a mirrored strategy's scope, or later to a module the strategy
+    synchronises (``model.head = nn.Linear(...)``), has its parameters adopted."""
+    if submodule is None:
         return None
-    extended = strategy.extended
-    replacement = None
-    register = getattr(extended, "_register_parameter", None)
-    if register is not None:
-        replacement = register(param)
-    final = replacement if isinstance(replacement, torch.nn.Parameter) else param
-    synchronizer_for(extended).add(final)
-    return replacement if isinstance(replacement, torch.nn.Parameter) else None
+    strategy = _scope_strategy()
+    if strategy is not None:
+        extended = strategy.extended if _adopts(strategy.extended) else None
+    elif _owner:
+        extended = _owning_extended(next(module.parameters(), None))
+    else:
+        return None
+    if extended is not None:
+        _adopt(extended, submodule.parameters())
+    return None
+
+
+def _adopting_setstate(original: Callable[[Any, dict], None]) -> Callable[[Any, dict], None]:
+    """Wrap ``Module.__setstate__``, which deep copies and unpickling (``torch.load`` of a whole
+    module) call, so that a module copied or loaded in a mirrored strategy's scope is
+    synchronised like one built there (TF: every variable created in scope is distributed).
+    A copy made outside scope (an EMA model, say) stays plain."""
+
+    @functools.wraps(original)
+    def __setstate__(self: torch.nn.Module, state: dict) -> None:
+        original(self, state)
+        strategy = _scope_strategy()
+        if strategy is not None and _adopts(strategy.extended) and "_modules" in self.__dict__:
+            _adopt(strategy.extended, self.parameters())
+
+    return __setstate__
+
+
+def _adopting_add_param_group(original: Callable[[Any, dict], None]) -> Callable[[Any, dict], None]:
+    """Wrap ``Optimizer.add_param_group`` (which ``__init__`` calls per group): an optimizer
+    created in a mirrored strategy's scope, or one that already updates parameters the strategy
+    synchronises, adopts the parameters of the group (the parameters it will update)."""
+
+    @functools.wraps(original)
+    def add_param_group(self: torch.optim.Optimizer, param_group: dict) -> None:
+        original(self, param_group)
+        group = self.param_groups[-1]["params"]
+        strategy = _scope_strategy()
+        if strategy is None and not _owner:
+            return  # plain torch
+        (first,) = _first_optimizer_param(self) or (None,)
+        if strategy is not None:
+            extended = strategy.extended if _adopts(strategy.extended) else None
+        else:
+            extended = _owning_extended(first) or next(
+                (e for e in map(_owning_extended, group) if e is not None), None
+            )
+        if extended is None:
+            return
+        if first is not None and first not in _owner:  # earlier groups join too (once)
+            group = [p for g in self.param_groups for p in g["params"]]
+        _adopt(extended, group)
+
+    return add_param_group
 
 
 def _synchronizers_of(params: Iterable[torch.Tensor]) -> list[GradientSynchronizer]:
@@ -446,12 +582,43 @@ def _synchronizers_of(params: Iterable[torch.Tensor]) -> list[GradientSynchroniz
     return found
 
 
+def _describe(tensor: torch.Tensor) -> str:
+    return f"<{type(tensor).__name__} shape={tuple(tensor.shape)} dtype={tensor.dtype}>"
+
+
+def _check_synchronised(params: list[torch.Tensor], syncs: list[GradientSynchronizer]) -> None:
+    """Refuse an optimizer whose step would leave some of its parameters unsynchronised while
+    several replicas train: inside ``run`` of a mirrored strategy, or next to parameters one
+    synchronises. Replicas would otherwise drift apart without a word (one process: each
+    replica thread would apply the update again)."""
+    mode = _context.current_mode()
+    candidates = [sync.extended for sync in syncs]
+    if mode.replica_context is not None and not _context.is_default_strategy(mode.strategy):
+        candidates.insert(0, mode.strategy.extended)
+    for extended in candidates:
+        if _adopts(extended) and extended.num_replicas_in_sync > 1:
+            break
+    else:
+        return
+    sync = getattr(extended, "_strategyjob_grad_sync", None)
+    for p in params:
+        if sync is None or _owner.get(p) is not sync:
+            raise ValueError(
+                NOT_CREATED_IN_SCOPE.format(
+                    variable=_describe(p), strategy=extended._container_strategy()
+                )
+            )
+
+
 def _optimizer_synchronizers(opt: torch.optim.Optimizer) -> list[GradientSynchronizer]:
     signature = tuple(len(group["params"]) for group in opt.param_groups)
     cached = _optimizer_cache.get(opt)
     if cached is None or cached[0] != signature:
+        # Once per optimizer and param-group layout: never on the per-step path.
         params = [p for group in opt.param_groups for p in group["params"]]
-        cached = (signature, _synchronizers_of(params))
+        syncs = _synchronizers_of(params)
+        _check_synchronised(params, syncs)
+        cached = (signature, syncs)
         _optimizer_cache[opt] = cached
     return cached[1]
 
@@ -554,6 +721,13 @@ def install() -> None:
         if _installed:
             return
         _module.register_module_parameter_registration_hook(_on_parameter_registered)
+        _module.register_module_module_registration_hook(_on_module_registered)
+        torch.nn.Module.__setstate__ = _adopting_setstate(  # type: ignore[method-assign]
+            torch.nn.Module.__setstate__
+        )
+        torch.optim.Optimizer.add_param_group = _adopting_add_param_group(  # type: ignore[method-assign]
+            torch.optim.Optimizer.add_param_group
+        )
         _optimizer.register_optimizer_step_pre_hook(_step_pre_hook)
         _optimizer.register_optimizer_step_post_hook(_step_post_hook)
         torch.optim.Optimizer.zero_grad = _once_per_step(  # type: ignore[method-assign]

@@ -286,8 +286,17 @@ class StrategyExtended:
             **_enum_kwargs(synchronization, aggregation),
         )
 
-    def _register_parameter(self, param: torch.nn.Parameter) -> None:
-        """Called for each ``nn.Parameter`` created in scope; gradient sync fills this in."""
+    #: Whether parameters that reach this strategy without being built in its scope (a module
+    #: deep-copied, loaded or attached in scope, an optimizer created in scope over a module
+    #: built outside, a parameter later attached to a synchronised module) are registered as if
+    #: built there, and an optimizer stepped in ``run`` over parameters of no strategy is
+    #: refused (``collective/grad_sync.py``). Mirrored strategies set it: their replicas must
+    #: hold the same values, as TF's do for every variable created in scope.
+    _adopts_parameters: bool = False
+
+    def _register_parameter(self, param: torch.nn.Parameter) -> torch.nn.Parameter | None:
+        """Called for each ``nn.Parameter`` created (or, with ``_adopts_parameters``, adopted) in
+        scope; may return a replacement (adopted ones take its value and device in place)."""
 
     def variable_created_in_scope(self, v: Any) -> bool:
         """Whether ``v`` was created while this strategy's scope was active."""

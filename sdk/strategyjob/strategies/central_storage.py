@@ -66,7 +66,8 @@ class CentralStorageExtended(MirroredExtended):
         )
 
     def _register_parameter(self, param: torch.nn.Parameter) -> torch.nn.Parameter | None:
-        """Module parameters created in scope live on the parameter device, like variables.
+        """Module parameters created in scope live on the parameter device, like variables
+        (parameters adopted from outside the scope are moved there in place).
 
         Replicas share the one module, so its parameters are read by every replica thread and
         their gradients accumulate there (gradient averaging: ``collective/grad_sync.py``).

@@ -51,6 +51,9 @@ class MirroredExtended(StrategyExtended):
 
     #: Replicas take turns (TF's order); False lets their threads run concurrently.
     _sequential_replicas = True
+    #: Module parameters that reach the scope however they were made are mirrored, as TF's
+    #: variables are (a deep copy, ``torch.load``, an optimizer created in scope over them).
+    _adopts_parameters = True
 
     def __init__(
         self,
