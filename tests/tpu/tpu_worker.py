@@ -1,8 +1,9 @@
 """One TPUStrategy process (a TF_CONFIG worker task = one device): ``tpu_worker.py model L``.
 
 Builds ``N / L`` replicas of ``L`` logical devices, trains a layer split across each replica's
-logical devices next to the unsplit reference on one device, exercises the annotations and the
-base Strategy API, and prints ``RESULT {json}``.
+logical devices next to the unsplit reference on one device, exercises the annotations (every
+mix of them: ``logical_cases.py``) and the base Strategy API, and prints ``RESULT {json}``.
+``tpu_worker.py mixed_radix L`` runs only the mixes (for L = 6, whose mesh is (2, 3)).
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import time
 
+import logical_cases
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -99,6 +102,30 @@ def local_mode() -> dict:
         "deepcopy_runs": _close(copied.experimental_local_results(copied_result)[0], x),
         "assign": _error(lambda: strategy.experimental_assign_to_logical_device(t, 1)),
     }
+
+
+def mixes(strategy: TPUStrategy, replica: int) -> dict:
+    """Every mix of annotated operands against the unsplit computation (logical_cases.py)."""
+    started = time.perf_counter()
+    result = {
+        "mixes": logical_cases.run_cases(strategy, replica),
+        "shared_weight": logical_cases.shared_weight(strategy, replica),
+        "autograd_grad": logical_cases.autograd_grad(strategy, replica),
+        "meshes": strategy.experimental_local_results(logical_cases.meshes(strategy))[0],
+    }
+    result["mixes_seconds"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def mixed_radix(cores: int) -> dict:
+    """One replica of ``cores`` logical devices: only the mixes of annotations."""
+    resolver = TFConfigClusterResolver()
+    topology = initialize_tpu_system(resolver)
+    assignment = DeviceAssignment.build(
+        topology, computation_shape=[1, 1, 1, cores], num_replicas=topology.num_tasks // cores
+    )
+    strategy = TPUStrategy(resolver, experimental_device_assignment=assignment)
+    return {"rank": dist.get_rank(), **mixes(strategy, strategy.extended._worker_index)}
 
 
 def main(cores: int) -> dict:
@@ -259,6 +286,7 @@ def main(cores: int) -> dict:
         split_info["grad_whole"] = _close(image.grad, 2 * image)
         out["split_2d"] = split_info
 
+    out.update(mixes(strategy, replica))
     out["errors"] = validation_errors(strategy, topology, cores)
 
     # --- the base Strategy API across replicas ----------------------------------------------
@@ -297,6 +325,11 @@ def main(cores: int) -> dict:
 
 
 if __name__ == "__main__":
-    result = local_mode() if sys.argv[1] == "local" else main(int(sys.argv[2]))
+    if sys.argv[1] == "local":
+        result = local_mode()
+    elif sys.argv[1] == "mixed_radix":
+        result = mixed_radix(int(sys.argv[2]))
+    else:
+        result = main(int(sys.argv[2]))
     print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()

@@ -11,6 +11,11 @@ assigned to one. Here every device is one process (TF_CONFIG task ``i`` is the d
 * ``experimental_split_to_logical_devices`` returns a ``DTensor`` sharded over the replica's
   logical devices (tile ``i`` on logical core ``i``, row-major, as TF), ``replicate`` a
   replicated ``DTensor``, ``assign`` a ``DTensor`` that lives on one logical core only;
+* splits and replicas share one mesh per replica, whose dimensions are the prime factors of
+  ``L`` (``L = 4``: ``(2, 2)``; ``[1, 4]`` is ``[Shard(1), Shard(1)]`` there), so DTensor
+  combines any two of them; inside ``run`` an operation that meets an assigned tensor (or a
+  split this mesh cannot express) together with another mesh's DTensor gets it replicated
+  (:class:`_OneMeshPerOperation`), as XLA moves tensors between cores in TF;
 * the annotations are identities for autograd: the gradient reaching the unannotated tensor is
   the whole logical gradient on every logical device (the shards are all-gathered back);
 * ``DTensor`` outputs of ``run`` are returned as their logical (full) values, and reductions,
@@ -21,9 +26,10 @@ CPU processes use gloo; GPU processes NCCL (the process group is MultiWorkerMirr
 ``collective/process_group.py``).
 
 Limits: all processes run the same program, so every logical device must make the same
-annotation calls in the same order (a multi-dimensional split builds its mesh, collectively, on
-first use); a device assignment must use every process of the cluster; TF's
-``experimental_logical_device`` placement scope is not provided.
+annotation calls in the same order (a split that the replica's mesh cannot express, such as
+``[3, 2]`` for ``L = 6`` on a ``(2, 3)`` mesh, builds its own mesh, collectively, on first use);
+a device assignment must use every process of the cluster; TF's ``experimental_logical_device``
+placement scope is not provided.
 """
 
 from __future__ import annotations
@@ -33,14 +39,16 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication
+from torch.overrides import TorchFunctionMode
 
 from strategyjob import _context, _nest
 from strategyjob._devices import LogicalDevice
@@ -77,6 +85,19 @@ _SHARED_STATE = frozenset(
     }
 )
 _IMPLICIT_REPLICATION_WARNING = ".*implicitly creating a replicated DTensor.*"
+_NO_SHARDING_RULE = "does not have a sharding strategy registered"
+_IN_PLACE_OPERATORS = frozenset(
+    {
+        "__setitem__",
+        *(
+            f"__i{op}__"
+            for op in "add sub mul matmul truediv floordiv mod pow and or xor lshift rshift".split()
+        ),
+    }
+)
+#: Overridable functions that take tensors but compute nothing on them: their arguments must
+#: stay the very tensors of the autograd graph.
+_NOT_OPERATIONS = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
 
 
 # ------------------------------------------------------------------------------ cluster
@@ -148,29 +169,66 @@ def _rank_grid(assignment: DeviceAssignment, world_size: int) -> np.ndarray:
     return grid
 
 
+def _prime_factors(n: int) -> tuple[int, ...]:
+    """``n``'s prime factors, ascending: the dimensions of a replica's logical-device mesh."""
+    factors, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return tuple(factors)
+
+
+def _split_placements(mesh_shape: Sequence[int], dims: Sequence[int]) -> list[Placement] | None:
+    """Placements that split a tensor into ``dims`` pieces on a mesh of ``mesh_shape``, tile
+    ``i`` (row-major) on the core with row-major index ``i``; ``None`` if the mesh cannot.
+
+    Consecutive mesh dimensions split one tensor dimension, the outer one first (DTensor nests
+    shards in mesh order): on a ``(2, 2)`` mesh ``[4, 1]`` is ``[Shard(0), Shard(0)]``, ``[2, 2]``
+    is ``[Shard(0), Shard(1)]``. ``[3, 2]`` does not fit a ``(2, 3)`` mesh.
+    """
+    placements: list[Placement] = []
+    position = 0
+    for tensor_dim, pieces in enumerate(dims):
+        while pieces > 1:
+            if position == len(mesh_shape) or pieces % mesh_shape[position]:
+                return None
+            placements.append(Shard(tensor_dim))
+            pieces //= mesh_shape[position]
+            position += 1
+    if position != len(mesh_shape) and placements:
+        return None
+    return placements or [Replicate()] * len(mesh_shape)
+
+
 # ---------------------------------------------------------------------- autograd helpers
 
 
 class _BroadcastFromCore(torch.autograd.Function):
-    """The value held by one logical core, on every core of the replica (differentiable).
+    """The value of a DTensor that lives on one logical core (a one-device mesh), as a plain
+    tensor on every core of the replica (differentiable).
 
-    Backward hands the owner its own gradient (every core computed the same one) and the
-    others nothing, so the value is counted once."""
+    Backward hands the DTensor its gradient (every core computed the same one; only the owner
+    holds data), so the value is counted once. It takes the DTensor itself, not its local
+    tensor: DTensor cannot take back the gradient of a local tensor of a core outside its mesh
+    (an empty 1-D tensor) for a value of two or more dimensions."""
 
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, shape, dtype, device, src: int, group) -> Any:
-        ctx.owner = dist.get_rank() == src
-        ctx.local_shape = local.shape
-        buffer = local.detach().clone() if ctx.owner else torch.empty(shape, dtype=dtype)
+    def forward(ctx: Any, value: DTensor, device: torch.device, src: int, group: Any) -> Any:
+        ctx.mesh = value.device_mesh
+        if dist.get_rank() == src:
+            buffer = value.to_local().detach().clone()
+        else:
+            buffer = torch.empty(value.shape, dtype=value.dtype)
         buffer = buffer.to(device).contiguous()
         dist.broadcast(buffer, src=src, group=group)
         return buffer
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        if ctx.owner:
-            return grad, None, None, None, None, None
-        return grad.new_zeros(ctx.local_shape), None, None, None, None, None
+        value_grad = DTensor.from_local(grad, ctx.mesh, [Replicate()], run_check=False)
+        return value_grad, None, None, None
 
 
 class _SplitToLogicalDevices(torch.autograd.Function):
@@ -223,6 +281,74 @@ class _AssignToCore(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------- extended
+
+
+def _is_in_place(func: Callable) -> bool:
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_OPERATORS
+
+
+def _shallow_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among an operation's arguments and in its list arguments (``cat``)."""
+    found = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def _map_tensors(
+    fn: Callable[[torch.Tensor], torch.Tensor], args: tuple, kwargs: dict, keep_first: bool
+) -> tuple[tuple, dict]:
+    """``fn`` applied to the tensors that :func:`_shallow_tensors` finds (not to ``args[0]``
+    when ``keep_first``: an in-place operation must write to its own tensor)."""
+
+    def one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return fn(value)
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            return type(value)(fn(v) if isinstance(v, torch.Tensor) else v for v in value)
+        return value
+
+    mapped = tuple(a if keep_first and i == 0 else one(a) for i, a in enumerate(args))
+    return mapped, {k: one(v) for k, v in kwargs.items()}
+
+
+class _OneMeshPerOperation(TorchFunctionMode):
+    """Inside ``run`` of a replica with several logical devices: an operation sees its
+    annotated operands on one mesh.
+
+    Why: DTensor refuses operations across meshes, while TF places the transfers itself. A
+    tensor assigned to one core (a one-device mesh) or split in a way the replica's mesh cannot
+    express (its own mesh) is replicated onto the replica's mesh when it meets a DTensor of
+    another mesh. A plain tensor that requires grad and meets a DTensor is made a replicated
+    DTensor explicitly, so that its gradient comes back a plain tensor: autograd cannot add up
+    gradients of one tensor that arrive on different meshes. An operation that DTensor has no
+    sharding rule for (``aten.mv``, which ``matrix @ vector`` is) runs on the whole values and
+    gives a replicated DTensor, as XLA partitions any operation.
+    """
+
+    def __init__(self, extended: TPUExtended) -> None:
+        super().__init__()
+        self._extended = extended
+
+    def __torch_function__(
+        self, func: Callable, types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _NOT_OPERATIONS:
+            return func(*args, **kwargs)
+        # ``types`` never names DTensor (its __torch_function__ is disabled): look at the args
+        args, kwargs = self._extended._on_one_mesh(func, args, kwargs)
+        try:
+            return func(*args, **kwargs)
+        except NotImplementedError as e:
+            # raised by sharding propagation, before any collective: the same on every core
+            if _NO_SHARDING_RULE not in str(e) or _is_in_place(func):
+                raise
+            return self._extended._on_whole_values(func, args, kwargs)
 
 
 class _PendingAllReduce:
@@ -290,9 +416,22 @@ class TPUExtended(StrategyExtended):
         self._mesh = DeviceMesh(
             self._device_type, torch.as_tensor(grid), mesh_dim_names=("replica", "logical")
         )
-        self._replica_logical_mesh = self._mesh["logical"]  # slicing is slow: do it once
         self._logical_group = self._mesh.get_group("logical")
         self._replica_group = self._mesh.get_group("replica")
+        # Every annotation of a replica lives on one mesh of its logical devices, so DTensor
+        # can combine them: its dimensions are the prime factors of L (L = 4: (2, 2)), which
+        # express every split of a power-of-two L (slicing is slow: do it once).
+        factors = _prime_factors(self.num_cores_per_replica)
+        if len(factors) <= 1:
+            self._replica_logical_mesh = self._mesh["logical"]
+        else:
+            names = ("replica", *(f"logical_{i}" for i in range(len(factors))))
+            self._replica_logical_mesh = DeviceMesh(
+                self._device_type,
+                torch.as_tensor(grid).reshape(grid.shape[0], *factors),
+                mesh_dim_names=names,
+            )[names[1:]]
+        # splits that the replica's mesh cannot express (L = 6 split [3, 2]) get their own
         self._split_meshes: dict[tuple[int, ...], DeviceMesh] = {}
         self._core_meshes: dict[int, DeviceMesh] = {}
 
@@ -442,9 +581,11 @@ class TPUExtended(StrategyExtended):
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self._broadcast_pending_parameters()
         context = self._make_replica_context(0)
+        one_mesh = _OneMeshPerOperation(self) if self.num_cores_per_replica > 1 else nullcontext()
         with (
             _context.enter_mode(_context.replica_mode(context)),
             implicit_replication(),
+            one_mesh,
             warnings.catch_warnings(),
         ):
             # Plain tensors meeting DTensors are the replica's replicated values: that is the
@@ -466,24 +607,22 @@ class TPUExtended(StrategyExtended):
             return value.full_tensor()
         if mesh.size() == 1 and self.num_cores_per_replica > 1:  # assigned to one core
             src = int(mesh.mesh.flatten()[0])
-            return _BroadcastFromCore.apply(
-                value.to_local(),
-                tuple(value.shape),
-                value.dtype,
-                self._torch_device,
-                src,
-                self._logical_group,
-            )
+            return _BroadcastFromCore.apply(value, self._torch_device, src, self._logical_group)
         return value.to_local()
 
     # --- annotations ------------------------------------------------------------------------
-    def _logical_mesh(self, split_shape: tuple[int, ...]) -> DeviceMesh:
-        """The replica's logical devices as a mesh of ``split_shape`` (row-major cores)."""
-        if len(split_shape) <= 1:
-            return self._replica_logical_mesh
+    def _split_layout(self, dims: Sequence[int]) -> tuple[DeviceMesh, list[Placement]]:
+        """Where a split into ``dims`` pieces lives: the replica's mesh when it can express
+        the split, else a mesh of the split's own shape (row-major cores)."""
+        mesh = self._replica_logical_mesh
+        placements = _split_placements(tuple(mesh.shape), dims)
+        if placements is not None:
+            return mesh, placements
+        split_dims = [i for i, d in enumerate(dims) if d > 1]
+        split_shape = tuple(dims[i] for i in split_dims)
         mesh = self._split_meshes.get(split_shape)
         if mesh is None:
-            names = ("replica", *(f"logical_{i}" for i in range(len(split_shape))))
+            names = ("replica", *(f"split_{i}" for i in range(len(split_shape))))
             full = DeviceMesh(
                 self._device_type,
                 torch.as_tensor(self._grid).reshape(self._grid.shape[0], *split_shape),
@@ -491,10 +630,12 @@ class TPUExtended(StrategyExtended):
             )
             mesh = full[names[1:]]
             self._split_meshes[split_shape] = mesh
-        return mesh
+        return mesh, [Shard(i) for i in split_dims]
 
     def _core_mesh(self, logical_core: int) -> DeviceMesh:
         """A one-device mesh holding this replica's ``logical_core`` (no collective needed)."""
+        if self.num_cores_per_replica == 1:
+            return self._replica_logical_mesh
         mesh = self._core_meshes.get(logical_core)
         if mesh is None:
             rank = int(self._grid[self._replica_id, logical_core])
@@ -515,24 +656,76 @@ class TPUExtended(StrategyExtended):
         return tensor.to(device)
 
     def _split(self, tensor: Any, partition_dimensions: Sequence[int]) -> DTensor:
-        dims = [int(d) for d in partition_dimensions]
-        split_dims = tuple(i for i, d in enumerate(dims) if d > 1)
-        mesh = self._logical_mesh(tuple(dims[i] for i in split_dims))
-        placements = [Shard(i) for i in split_dims] or [Replicate()]
+        mesh, placements = self._split_layout([int(d) for d in partition_dimensions])
         if isinstance(tensor, DTensor) and tensor.device_mesh == mesh:
             return tensor.redistribute(mesh, placements)
         plain = self._to_device(self._as_plain(tensor))
-        if not split_dims:
+        if all(isinstance(p, Replicate) for p in placements):
             return DTensor.from_local(plain, mesh, placements, run_check=False)
         return _SplitToLogicalDevices.apply(plain, mesh, tuple(placements))
 
     def _replicate(self, tensor: Any) -> DTensor:
-        if isinstance(tensor, DTensor) and tensor.device_mesh.get_coordinate() is not None:
-            mesh = tensor.device_mesh
-            if mesh.size() > 1 or self.num_cores_per_replica == 1:
-                return tensor.redistribute(mesh, [Replicate()] * mesh.ndim)
-        plain = self._to_device(self._as_plain(tensor))
-        return DTensor.from_local(plain, self._replica_logical_mesh, [Replicate()], run_check=False)
+        mesh = self._replica_logical_mesh
+        if isinstance(tensor, DTensor) and tensor.device_mesh == mesh:
+            return tensor.redistribute(mesh, [Replicate()] * mesh.ndim)
+        return self._replicated_on(self._to_device(self._as_plain(tensor)), mesh)
+
+    def _replicated_on(self, tensor: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+        """A plain tensor (equal on every logical core) as a replicated DTensor on ``mesh``, one
+        of the replica's meshes; differentiable, its gradient a plain tensor on every core."""
+        if mesh.size() == 1 and self.num_cores_per_replica > 1:  # assigned to one core
+            src = int(mesh.mesh.flatten()[0])
+            return _AssignToCore.apply(tensor, mesh, src, self._logical_group)
+        return DTensor.from_local(tensor, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+    def _is_own_mesh(self, mesh: DeviceMesh) -> bool:
+        """Whether ``mesh`` is one that this replica's annotations use."""
+        return (
+            mesh == self._replica_logical_mesh
+            or any(mesh == m for m in self._core_meshes.values())
+            or any(mesh == m for m in self._split_meshes.values())
+        )
+
+    def _on_one_mesh(self, func: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``func``'s arguments, with the replica's DTensors on one mesh (see
+        :class:`_OneMeshPerOperation`)."""
+        tensors = _shallow_tensors(args, kwargs)
+        if len(tensors) < 2:
+            return args, kwargs
+        meshes: list[DeviceMesh] = []
+        for t in tensors:
+            if isinstance(t, DTensor) and not any(t.device_mesh == m for m in meshes):
+                meshes.append(t.device_mesh)
+        if not meshes or not all(self._is_own_mesh(m) for m in meshes):
+            return args, kwargs  # no DTensor, or not ours: DTensor decides
+        target = meshes[0] if len(meshes) == 1 else self._replica_logical_mesh
+        needs_grad = any(
+            t.requires_grad and not isinstance(t, DTensor) and torch.is_grad_enabled()
+            for t in tensors
+        )
+        if len(meshes) == 1 and not needs_grad:
+            return args, kwargs
+
+        def convert(t: torch.Tensor) -> torch.Tensor:
+            if isinstance(t, DTensor):
+                if t.device_mesh == target:
+                    return t
+                return self._replicated_on(self._logical_value(t), target)
+            if t.requires_grad and torch.is_grad_enabled():
+                return self._replicated_on(t, target)
+            return t  # implicit replication
+
+        return _map_tensors(convert, args, kwargs, keep_first=_is_in_place(func))
+
+    def _on_whole_values(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """``func`` on the logical values of its DTensor arguments (all on one mesh), its
+        tensor results replicated on that mesh."""
+        mesh = next(t for t in _shallow_tensors(args, kwargs) if isinstance(t, DTensor)).device_mesh
+        plain_args, plain_kwargs = _map_tensors(self._logical_value, args, kwargs, keep_first=False)
+        result = func(*plain_args, **plain_kwargs)
+        return _nest.map_structure(
+            lambda r: self._replicated_on(r, mesh) if isinstance(r, torch.Tensor) else r, result
+        )
 
     def _assign(self, tensor: Any, logical_device_id: int) -> DTensor:
         plain = self._to_device(self._as_plain(tensor))
