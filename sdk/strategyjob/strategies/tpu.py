@@ -553,11 +553,17 @@ class TPUExtended(StrategyExtended):
     def _any_worker_has_data(self, flag: bool) -> bool:
         return self._group.any(flag) if self._group is not None else flag
 
+    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
+        if self._group is None:
+            return super()._start_any_worker_has_data(flag)
+        return self._group.any_async(flag)
+
     # --- module parameters -------------------------------------------------------------------
     def _register_parameter(self, param: torch.nn.Parameter) -> None:
         """Keep gradients plain tensors: a parameter used with DTensors (implicit replication)
         receives a DTensor gradient, which becomes its logical value as soon as it is ready."""
-        param.register_post_accumulate_grad_hook(self._make_grad_plain)
+        if param.requires_grad:  # a frozen parameter cannot take the hook (nor needs it)
+            param.register_post_accumulate_grad_hook(self._make_grad_plain)
 
     def _make_grad_plain(self, param: torch.Tensor) -> None:
         grad = param.grad
