@@ -64,6 +64,8 @@ _RING_SEGMENT_BYTES = 1 << 20
 _GATHER_TAG = 1
 #: Memory of large results, reused once the caller has dropped them (one pool per process).
 _result_buffers = ResultBuffers()
+#: At exit, how long to wait for backend threads to let go of the last collectives' tensors.
+_EXIT_DRAIN_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,64 @@ class _LivenessListener:
             conn.close()
 
 
+class _InFlight:
+    """The tensors of collectives that a backend thread runs (gloo's worker threads), kept in
+    Python until that thread has let go of them.
+
+    Why: gloo's worker drops its reference to a finished collective a moment after ``wait()``
+    returns, on a loaded machine milliseconds later. Were that the last reference to a tensor
+    whose Python object is already gone, torch (which keeps a tensor's Python object alive
+    while C++ still holds the tensor) has that thread take the GIL to free the object. Once the
+    interpreter is finalising, CPython ends a thread that asks for the GIL with
+    ``pthread_exit``, whose unwinding through a noexcept destructor is ``std::terminate``: a
+    finished worker dies with "terminate called without an active exception" (exit 134).
+
+    So the backend only ever sees an alias (``detach()``: the same memory, a tensor object of
+    its own) that nothing but this pool and the collective's work reference. Its use count
+    says when the work is gone; the alias is then dropped here, on a Python thread, and
+    :meth:`drain` waits for the last ones before the interpreter finalises.
+    """
+
+    def __init__(self) -> None:
+        self._held: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def hand(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The alias of ``tensor`` to give the backend."""
+        alias = tensor.detach()
+        with self._lock:
+            self._release_done()
+            self._held.append(alias)
+        return alias
+
+    def release_done(self) -> None:
+        """Drop the aliases no work references any more (their memory can be reused)."""
+        with self._lock:
+            self._release_done()
+
+    def _release_done(self) -> None:
+        if self._held:
+            self._held = [t for t in self._held if t._use_count() > 1]
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every alias is released; True if all were.
+
+        Polled: nothing signals a backend thread letting go of a work. A work the program
+        still holds keeps its alias until the work is freed, so this can end on the timeout
+        (harmless then: such a work is freed by the main thread)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.release_done()
+            if not self._held:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.001)
+
+
+_in_flight = _InFlight()
+
+
 def _probe(address: tuple[str, int]) -> bool | None:
     """True: the peer accepts; False: refused (process gone); None: unreachable/unknown."""
     try:
@@ -275,7 +335,8 @@ class CollectiveGroup:
         for r, key in enumerate(keys):
             if r != m.rank:
                 self._peers[r] = _split_address(store.get(key).decode())
-        if not dist.is_initialized():
+        self._owns_pg = not dist.is_initialized()
+        if self._owns_pg:
             dist.init_process_group(
                 backend=self._backend(),
                 store=dist.PrefixStore(f"{_KEY_PREFIX}pg", store),
@@ -283,17 +344,23 @@ class CollectiveGroup:
                 world_size=m.world_size,
                 timeout=datetime.timedelta(seconds=self._timeout),
             )
-            atexit.register(self._shutdown)
+        atexit.register(self._shutdown)  # whoever created the process group
         self._store = store
         self._pg = dist.distributed_c10d._get_default_group()
         self._sum_options = dist.AllreduceOptions()  # reduceOp defaults to SUM
 
     def _shutdown(self) -> None:
-        """Tear the process group down while the interpreter is still alive: left to the
-        C++ destructors at exit, gloo's threads can abort the process ("terminate called
-        without an active exception") after the program has finished. A broken group is left
-        alone: its pending work could block the exit until the timeout."""
-        if self._state["broken"] is None and dist.is_initialized():
+        """At exit, while the interpreter is still whole: wait until the backend's threads
+        have let go of this process's collectives (:class:`_InFlight`), then destroy the
+        process group if this group created it (a broken one is left alone: its pending work
+        could block the exit until the timeout).
+
+        Destroying the group does not stop gloo's threads while anything else references it
+        (``torch.distributed.nn.functional``, which an optimizer's first use imports, keeps
+        the default group in its functions' default arguments; a DDP module keeps its own):
+        they run on into interpreter finalisation, hence the drain."""
+        _in_flight.drain(_EXIT_DRAIN_SECONDS)
+        if self._owns_pg and self._state["broken"] is None and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._pg = self._store = None
@@ -393,7 +460,9 @@ class CollectiveGroup:
                 raise self._fail(self._deadline(what))
 
     def _launch(self, what: str, fn, *args, **kwargs) -> dist.Work:
-        """Start a ``torch.distributed`` collective asynchronously."""
+        """Start a ``torch.distributed`` collective asynchronously, on aliases of its tensors
+        (:class:`_InFlight`)."""
+        args = tuple(_hand_over(a) for a in args)
         return self._start(what, fn, *args, async_op=True, **kwargs)
 
     def _start(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dist.Work:
@@ -411,7 +480,8 @@ class CollectiveGroup:
         Calls the process group directly: the gradient buckets launch it from backward hooks,
         where ``dist.all_reduce``'s argument checks would cost as much as the launch itself.
         """
-        return self._start("all-reduce", self._pg.allreduce, [flat], self._sum_options)
+        alias = _in_flight.hand(flat)  # gloo's worker thread runs it (_InFlight)
+        return self._start("all-reduce", self._pg.allreduce, [alias], self._sum_options)
 
     def all_reduce(self, tensors: Sequence[torch.Tensor], reduce_op: str) -> list[torch.Tensor]:
         """``reduce_op`` ("sum" or "mean") of each tensor across workers; new tensors.
@@ -480,7 +550,7 @@ class CollectiveGroup:
         instead of the all-gather waiting for the last sum.
         """
         n, rank = self.world_size, self.rank
-        result = _result_buffers.empty(source.numel(), source.dtype)
+        result = _pooled_empty(source.numel(), source.dtype)
         inputs, outputs = source.tensor_split(n), result.tensor_split(n)
         after, before = (rank + 1) % n, (rank - 1) % n
         for step in range(n - 1):  # reduce-scatter: rank r ends up owning chunk r + 1
@@ -611,8 +681,24 @@ def _result_buffer(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised flat tensor for ``like``'s result, on ``like``'s device (CPU ones from
     the reusable pool): a CUDA tensor's result must stay on its GPU, reduced by NCCL."""
     if like.device.type == "cpu":
-        return _result_buffers.empty(like.numel(), dtype)
+        return _pooled_empty(like.numel(), dtype)
     return torch.empty(like.numel(), dtype=dtype, device=like.device)
+
+
+def _pooled_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Pooled result memory; aliases of finished collectives are dropped first, or memory the
+    caller has already let go of would still look taken."""
+    _in_flight.release_done()
+    return _result_buffers.empty(numel, dtype)
+
+
+def _hand_over(arg: Any) -> Any:
+    """``arg`` with each tensor (alone or in a list) replaced by its :class:`_InFlight` alias."""
+    if isinstance(arg, torch.Tensor):
+        return _in_flight.hand(arg)
+    if isinstance(arg, list) and arg and all(isinstance(t, torch.Tensor) for t in arg):
+        return [_in_flight.hand(t) for t in arg]
+    return arg
 
 
 def _segments(chunk: torch.Tensor) -> tuple[torch.Tensor, ...]:
