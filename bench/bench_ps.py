@@ -12,7 +12,8 @@ travel); the dense layers are read before and updated after each step.
 With ``--tensorflow`` the two alternate, ``--rounds`` times (default 2): our windows, then a
 TensorFlow run (200 steps, while our processes sit idle), then our windows again, and so on, so
 that the load of a shared machine, which drifts over a minute, weighs on both alike. Each side's
-figure is its median; the per-round ratios are printed too (``--rounds 1``: ours, then TF).
+figure is its median; the per-round ratios (with the 1-minute load average after our round)
+and their median are printed too (``--rounds 1``: ours, then TF).
 
 Bytes moved per step are counted on the wire (serialized gRPC messages: coordinator <-> workers
 and workers <-> ps) and compared with the minimum the model needs: the unique rows of a batch down
@@ -216,7 +217,7 @@ def run_strategyjob(args: argparse.Namespace, between: Any = None) -> dict:
         coordinator.join()
         loss_first = float(rv.fetch())
         warmup_s = time.perf_counter() - t0
-        rates, traffic, round_rates = [], [], []
+        rates, traffic, round_rates, round_loads = [], [], [], []
         rounds = max(1, args.rounds) if between is not None else 1
         cpu_s = [0.0] * len(servers.procs)
         chief_s = 0.0
@@ -234,6 +235,7 @@ def run_strategyjob(args: argparse.Namespace, between: Any = None) -> dict:
             cpu_s = [c + b - a for c, a, b in zip(cpu_s, cpu0, servers.cpu_seconds())]
             chief_s += time.process_time() - chief0
             round_rates.append(round(statistics.median(rates[-args.repeats :]), 2))
+            round_loads.append(round(os.getloadavg()[0], 2))  # 1-minute load average
             if between is not None:
                 between(r)
         total_steps = args.steps * args.repeats * rounds
@@ -252,6 +254,7 @@ def run_strategyjob(args: argparse.Namespace, between: Any = None) -> dict:
             steps=args.steps,
             steps_per_s_windows=[round(r, 1) for r in rates],
             steps_per_s_rounds=round_rates,
+            load_avg_rounds=round_loads,
             steps_per_s=round(statistics.median(rates), 2),
             loss_first=round(loss_first, 4),
             loss_last=round(loss_last, 4),
@@ -307,11 +310,15 @@ def main() -> None:
     ours = run_strategyjob(args, tensorflow_round if args.tensorflow else None)
     print("RESULT " + json.dumps(ours), flush=True)
     if args.tensorflow:
-        for i, (mine, theirs) in enumerate(zip(ours["steps_per_s_rounds"], tf_rates)):
+        rounds = zip(ours["steps_per_s_rounds"], tf_rates, ours["load_avg_rounds"])
+        ratios = []
+        for i, (mine, theirs, load) in enumerate(rounds):
+            ratios.append(mine / theirs)
             print(
                 f"round {i + 1}: strategyjob_ps={mine} tensorflow_ps={theirs} "
-                f"ratio={mine / theirs:.2f}"
+                f"ratio={ratios[-1]:.2f} load_avg={load}"
             )
+        print(f"ratio per round: median={statistics.median(ratios):.2f} of {len(ratios)} rounds")
         tf_rate = round(statistics.median(tf_rates), 2)
         source = f"measured now, median of {len(tf_rates)} run(s) alternating with ours"
     else:

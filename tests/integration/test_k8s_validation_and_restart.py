@@ -115,17 +115,20 @@ def test_operator_killed_while_creating_a_large_job_finishes_it_without_duplicat
     own_kube, control_plane
 ):
     kube = own_kube
+    # Large enough that the operator cannot finish before the test sees the first pods, even
+    # when the test process is descheduled on a loaded host (300 was once created in full).
+    workers = 1000
     op = OperatorProcess(control_plane, "--standalone", "-n", kube.ns).start()
     try:
-        kube.create_job(manifest("big", "MultiWorkerMirroredStrategy", {"worker": 300}))
+        kube.create_job(manifest("big", "MultiWorkerMirroredStrategy", {"worker": workers}))
         wait_for("some pods", lambda: len(kube.pods("big")) >= 20, timeout=60, interval=0.05)
         op.kill()
         partial = len(kube.pods("big"))
-        assert partial < 300, "the operator finished before it was killed; kill it earlier"
+        assert partial < workers, "the operator finished before it was killed; kill it earlier"
         assert not (kube.job("big").get("status") or {}).get("launched")
         op = OperatorProcess(control_plane, "--standalone", "-n", kube.ns).start()
-        pods = kube.wait_pods("big", 300, timeout=120)
-        assert sorted(pods) == sorted(f"big-worker-{i}" for i in range(300))
+        pods = kube.wait_pods("big", workers, timeout=120)
+        assert sorted(pods) == sorted(f"big-worker-{i}" for i in range(workers))
         launched = lambda: (kube.job("big").get("status") or {}).get("launched")  # noqa: E731
         wait_for("launched", launched, timeout=60)
         # pods missing before the job was fully launched are created, not counted as failures

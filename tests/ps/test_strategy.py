@@ -4,6 +4,7 @@ the coordinator's queue semantics, error propagation and clearing."""
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -215,9 +216,21 @@ def test_user_error_surfaces_once_then_scheduling_works(strategy):
     coordinator.join()  # the error was raised once and cleared
     assert coordinator.done()
 
-    # Closures queued behind a failure are cancelled with TensorFlow's message.
-    blocker = coordinator.schedule(fail)
+    # Closures queued behind a failure are cancelled with TensorFlow's message. The failing
+    # closure waits until all of them are queued (else its error may already surface from one
+    # of the schedule calls, as it may in TensorFlow).
+    with strategy.scope():
+        gate = strategyjob.Variable(0.0, name="gate")
+
+    def fail_once_all_queued():
+        deadline = time.monotonic() + 60
+        while float(gate.read_value()) == 0.0 and time.monotonic() < deadline:
+            pass
+        raise ValueError("boom from the worker")
+
+    blocker = coordinator.schedule(fail_once_all_queued)
     later = [coordinator.schedule(slow_ok) for _ in range(50)]
+    gate.assign(1.0)
     with pytest.raises(ValueError, match="boom"):
         coordinator.join()
     cancelled = 0
@@ -227,7 +240,9 @@ def test_user_error_surfaces_once_then_scheduling_works(strategy):
         except errors.CancelledError as exc:
             assert str(exc) == CANCELLED_MESSAGE
             cancelled += 1
-    assert cancelled >= 1 or blocker is None
+    assert cancelled >= 1
+    with pytest.raises(ValueError, match="boom"):
+        blocker.fetch()
     assert coordinator.schedule(slow_ok).fetch() == 1
 
 

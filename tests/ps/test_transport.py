@@ -119,8 +119,9 @@ def test_token_across_processes(make_cluster, monkeypatch):
     monkeypatch.setenv(_transport.TOKEN_ENV, "intruder")
     with pytest.raises(errors.PermissionDeniedError):
         v.read_value()
-    # A coordinator without the token gets the error from join(), not a hang.
+    # A coordinator without the token gets the error, not a hang: from join(), or already
+    # from schedule() when its worker thread was refused before (it connects at once).
     intruder = ClusterCoordinator(ParameterServerStrategy(cluster.resolver()))
-    intruder.schedule(lambda: 1)
     with pytest.raises(errors.PermissionDeniedError, match="token"):
+        intruder.schedule(lambda: 1)
         intruder.join()

@@ -305,7 +305,13 @@ class RemoteEmbedding(torch.nn.Module):
         self.padding_idx = padding_idx
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return _Lookup.apply(self.handle.anchor, self.handle, ids, self.padding_idx)
+        if worker_state().mode is None:
+            return _Lookup.apply(self.handle.anchor, self.handle, ids, self.padding_idx)
+        # Parameters are pending (``PullOnUse`` is on the stack): the lookup's own torch calls
+        # (on the ids, never on a parameter) skip the mode, which then steps off the stack as
+        # soon as the gather took the pending reads along.
+        with torch._C.DisableTorchFunction():
+            return _Lookup.apply(self.handle.anchor, self.handle, ids, self.padding_idx)
 
 
 def _reduce_embedding(module: torch.nn.Embedding) -> Any:
@@ -351,10 +357,17 @@ class RemoteOptimizer:
         self._key = key
         self._cls_path = cls_path
         self.param_groups = [dict(hparams, params=params) for hparams, params in groups]
+        self._json: dict[int, tuple[dict, str]] = {}  # by group: its hparams and their JSON
 
     def _opt_json(self, group: dict) -> str:
+        """The JSON of the optimizer with ``group``'s hyperparameters (encoded again only when
+        they changed, e.g. by a learning-rate schedule in the closure)."""
         hparams = {k: _plain(v) for k, v in group.items() if k != "params"}
-        return json.dumps({"key": self._key, "cls": self._cls_path, "hparams": hparams})
+        cached = self._json.get(id(group))
+        if cached is None or cached[0] != hparams:
+            text = json.dumps({"key": self._key, "cls": self._cls_path, "hparams": hparams})
+            cached = self._json[id(group)] = (hparams, text)
+        return cached[1]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         with torch._C.DisableTorchFunction():  # our own bookkeeping: skip ``PullOnUse``

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError
 from strategyjob import errors
 from strategyjob.cluster_resolver import ClusterSpec
 from strategyjob.cluster_resolver.multi_worker_util import normalize_cluster_spec
-from strategyjob.ps import _remote, _transport, _wire
+from strategyjob.ps import _direct, _remote, _transport, _wire
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._wire import CHANNEL_OPTIONS, dumps, loads
 
@@ -36,6 +36,8 @@ _TRAFFIC_OP = pb.VarOps(ops=[pb.VarOp(op="traffic")]).SerializeToString()
 _TRAFFIC_REQUESTS = (_TRAFFIC_OP, _wire.pack(_TRAFFIC_OP, []))
 
 __all__ = ["Server"]
+
+_RUN_CLOSURE_STREAM = "/strategyjob.ps.Worker/RunClosureStream"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +289,12 @@ class _WorkerService:
 # the server
 
 
+_NO_TOKEN_MESSAGE = (
+    f"the call lacks this job's token: set {_transport.TOKEN_ENV} to the job's token in the "
+    "caller's environment"
+)
+
+
 class _TokenInterceptor(grpc.ServerInterceptor):
     def __init__(self, token: str) -> None:
         self._digest = hashlib.sha256(token.encode()).digest()
@@ -297,11 +305,7 @@ class _TokenInterceptor(grpc.ServerInterceptor):
             return continuation(details)
 
         def deny(request: Any, context: Any) -> Any:
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"the call lacks this job's token: set {_transport.TOKEN_ENV} to the job's token "
-                "in the caller's environment",
-            )
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, _NO_TOKEN_MESSAGE)
 
         handler = continuation(details)
         if handler is not None and handler.request_streaming and handler.response_streaming:
@@ -365,7 +369,8 @@ class Server:
         token = os.environ.get(_transport.TOKEN_ENV)
         interceptors = [_TokenInterceptor(token)] if token else []
         # A thread per call being served, RunStream calls (a few per client process, open
-        # for long) included; threads start only when needed.
+        # for long) included where ``_direct`` does not serve them; threads start only when
+        # needed.
         tasks = sum(len(cluster.job_tasks(job)) for job in cluster.jobs)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(
@@ -405,6 +410,9 @@ class Server:
                 ),
             )
         )
+        # The streams of every step, served on their own threads (``_direct``); grpc's
+        # handlers above serve them where that is not available.
+        self._direct = self._direct_streams(token)
         if self._server.add_insecure_port(f"[::]:{port}") == 0:
             raise RuntimeError(
                 f"Cannot listen on port {port} for /job:{job_name}/task:{task_index} "
@@ -428,9 +436,27 @@ class Server:
             "protocol": "grpc",
         }
 
+    def _direct_streams(self, token: str | None) -> _direct.DirectStreams | None:
+        if not _direct.SERVER_SUPPORTED:
+            return None
+        try:
+            return _direct.DirectStreams(
+                self._server,
+                {
+                    _transport.RUN_STREAM_METHOD: self._reply_ps,
+                    _RUN_CLOSURE_STREAM: self._reply_closure,
+                },
+                _direct.token_check(token, _NO_TOKEN_MESSAGE),
+                name=f"{self._job_name}{self._task_index}",
+            )
+        except (AttributeError, TypeError):  # grpc's private layer is not what _direct expects
+            return None
+
     def start(self) -> None:
         if not self._started:
             self._server.start()
+            if self._direct is not None:
+                self._direct.start()
             self._started = True
 
     def join(self) -> None:
@@ -450,6 +476,22 @@ class Server:
             yield self._run_ps(request, context)  # an error ends the call with its status
 
     def _run_ps(self, request: bytes, context: Any) -> bytes:
+        try:
+            return self._reply_ps(request)
+        except _direct.Status as status:
+            context.abort(status.code, status.details)
+
+    def _reply_closure(self, request: bytes) -> bytes:
+        try:
+            closure = pb.Closure.FromString(request)
+        except DecodeError:
+            raise _direct.Status(
+                grpc.StatusCode.INTERNAL, "Exception deserializing request!"
+            ) from None
+        return self._worker.run_closure(closure, None).SerializeToString()
+
+    def _reply_ps(self, request: bytes) -> bytes:
+        """The reply to a framed ``VarOps`` request; ``_direct.Status`` for a failed one."""
         if request in _TRAFFIC_REQUESTS:
             # Bytes received/sent and calls served since the previous "traffic" call (for
             # benchmarks; counting starts with the first one), then reset.
@@ -466,6 +508,8 @@ class Server:
                     self._traffic[2] += 1
             return reply
         except KeyError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+            raise _direct.Status(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
         except (ValueError, RuntimeError, TypeError, IndexError, DecodeError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
+            raise _direct.Status(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}"
+            ) from None

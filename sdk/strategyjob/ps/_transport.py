@@ -5,9 +5,10 @@ coordinator, by ``Server`` on a worker. Calls carry ``STRATEGYJOB_TOKEN`` (when 
 metadata; a dead ps surfaces as ``UnavailableError`` naming its task.
 
 The requests of every step (a worker's reads and gathers, then its gradients; the
-coordinator's closures) travel on streaming calls kept open (``Stream``), each a framed message
-whose tensors are read in place (``_wire.pack``): per request, that costs the server one
-message instead of a call, and nobody a protobuf copy of the tensors.
+coordinator's closures) travel on streaming calls kept open (``open_stream``), each a framed
+message whose tensors are read in place (``_wire.pack``): per request, that costs the server one
+message instead of a call, and nobody a protobuf copy of the tensors. Both ends of those
+streams run on the threads that use them (``_direct``), not through grpc's own threads.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import grpc
 import torch
 
 from strategyjob import errors
+from strategyjob.ps import _direct
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._wire import CHANNEL_OPTIONS, pack, tensor_meta, unpack
 
@@ -111,7 +113,7 @@ _lock = threading.Lock()
 _cluster: dict[str, list[str]] = {}
 _channels: dict[str, grpc.Channel] = {}
 _raw_stubs: dict[tuple[str, str], Any] = {}
-_idle_streams: dict[tuple[str, tuple], list[Stream]] = {}
+_idle_streams: dict[tuple[str, tuple], list[Any]] = {}
 
 
 def configure(cluster: dict[str, list[str]]) -> None:
@@ -196,12 +198,9 @@ MAX_IDLE_STREAMS = 2
 _END = object()
 
 
-class Stream:
-    """One bidirectional streaming call used as a series of unary ones: a request, then its
-    reply, and so on (bytes in and out). Cheaper per request than a call each: the server
-    keeps one handler running instead of setting up a call, a thread hand-off and a status
-    for every request. A failed call raises ``grpc.RpcError`` (or ``StopIteration`` if the
-    server ended it without one); the stream is then of no further use."""
+class _IteratorStream:
+    """``open_stream``'s stream on grpc's own streaming call (where ``_direct`` cannot be
+    used): requests go through an iterator that grpc drains on a thread of its own."""
 
     def __init__(self, addr: str, method: str, md: tuple) -> None:
         self.metadata = md
@@ -223,6 +222,26 @@ class Stream:
         self._replies.cancel()
 
 
+_direct_client = _direct.CLIENT_SUPPORTED
+
+
+def open_stream(addr: str, method: str, md: tuple) -> Any:
+    """One bidirectional streaming call to ``method`` at ``addr``, used as a series of unary
+    ones: ``call(request)`` returns the reply (bytes in and out). Cheaper per request than a
+    call each: the server keeps one handler running instead of setting up a call, a thread
+    hand-off and a status for every request. A failed call raises ``grpc.RpcError`` (or
+    ``StopIteration`` if the server ended it without one); the stream is then of no further
+    use: ``close()`` it. ``alive()`` is False once it is known to have ended, ``metadata`` is the
+    metadata it was opened with. One thread at a time uses a stream."""
+    global _direct_client
+    if _direct_client:
+        try:
+            return _direct.DirectStream(channel(addr), method, md)
+        except (AttributeError, TypeError):  # grpc's private layer is not what _direct expects
+            _direct_client = False
+    return _IteratorStream(addr, method, md)
+
+
 def _stream_call(addr: str, request: bytes) -> bytes:
     md = metadata()
     key = (addr, md)  # a stream carries the token it was opened with
@@ -233,7 +252,7 @@ def _stream_call(addr: str, request: bytes) -> bytes:
         stream.close()
         stream = None
     if stream is None:
-        stream = Stream(addr, RUN_STREAM_METHOD, md)
+        stream = open_stream(addr, RUN_STREAM_METHOD, md)
     try:
         reply = stream.call(request)
     except BaseException:
@@ -260,9 +279,7 @@ def run_ps_ops(task: int, ops: list[Op], *, wait: bool = False) -> list[torch.Te
     addr = address("ps", task)
     request = encode_ops(ops)
     try:
-        if os.environ.get("SJ_TMP_UNARY") and not wait:
-            reply = raw_unary(addr, RUN_METHOD)(request, metadata=metadata())
-        elif wait:
+        if wait:
             timeout = float(os.environ.get(CONNECT_TIMEOUT_ENV, "120"))
             stub = raw_unary(addr, RUN_METHOD)
             reply = stub(request, metadata=metadata(), wait_for_ready=True, timeout=timeout)

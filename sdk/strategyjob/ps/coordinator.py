@@ -451,7 +451,7 @@ class _Worker:
                 if stream is None or stream.metadata != md or not stream.alive():
                     if stream is not None:
                         stream.close()
-                    stream = self._streams.stream = _transport.Stream(
+                    stream = self._streams.stream = _transport.open_stream(
                         self.address, RUN_CLOSURE_STREAM, md
                     )
                 reply = stream.call(data)
