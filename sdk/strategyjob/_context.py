@@ -326,6 +326,9 @@ def UpdateContext(local_replica_id: int) -> Iterator[None]:
 # ReplicaContext
 
 
+_UNMADE: Any = object()  # a replica id tensor not made yet
+
+
 class ReplicaContext:
     """One replica's context inside ``strategy.run`` (``tf.distribute.ReplicaContext``).
 
@@ -352,8 +355,8 @@ class ReplicaContext:
         elif replica_id_in_sync_group is None:
             self._replica_id_tensor = None
             self._replica_id = 0
-        else:
-            self._replica_id_tensor = torch.tensor(replica_id_in_sync_group, dtype=torch.int32)
+        else:  # made on first use: ``strategy.run`` builds a context per replica and step
+            self._replica_id_tensor = _UNMADE
             self._replica_id = int(replica_id_in_sync_group)
         if _local_replica_id is None:
             extended = getattr(strategy, "extended", None)
@@ -372,6 +375,8 @@ class ReplicaContext:
     @property
     def replica_id_in_sync_group(self) -> torch.Tensor | int | None:
         """This replica's global id: an int32 tensor (the Python int 0 in the default context)."""
+        if self._replica_id_tensor is _UNMADE:
+            self._replica_id_tensor = torch.tensor(self._replica_id, dtype=torch.int32)
         return self._replica_id_tensor
 
     @property

@@ -307,6 +307,17 @@ def regroup(
     return wrap_class(values)
 
 
+def _immutable_without_per_replica(structure: Any) -> bool:
+    """Whether ``structure`` is a leaf other than a per-replica value, or tuples of such: then
+    every replica can be given the very object (a list or dict is copied for each, as a replica
+    function may change it)."""
+    if isinstance(structure, tuple):
+        return all(map(_immutable_without_per_replica, structure))
+    if isinstance(structure, DistributedValues):
+        return is_distributed_variable(structure)
+    return not isinstance(structure, (list, Mapping))
+
+
 def _check_same_kind(v0: Any, v: Any, kind: type) -> None:
     if not isinstance(v, kind) or len(v) != len(v0):
         raise ValueError(
@@ -318,6 +329,10 @@ def _check_same_kind(v0: Any, v: Any, kind: type) -> None:
 
 def select_replica(local_id: int, structure: Any) -> Any:
     """Replace every non-variable ``DistributedValues`` by its component ``local_id``."""
+    if _immutable_without_per_replica(structure):
+        return structure  # ``run``'s usual arguments, a tuple of tensors: nothing to pick or copy
+    if type(structure) is dict and not structure:
+        return {}  # ``run``'s usual keyword arguments
 
     def pick(x: Any) -> Any:
         if isinstance(x, DistributedValues) and not is_distributed_variable(x):

@@ -199,7 +199,10 @@ class _Bucket:
                     continue
                 torch.mul(grad.to_dense() if grad.is_sparse else grad, scale, out=view)
                 has_grad.append(1)
-            buffer.flags.copy_(torch.tensor(has_grad, dtype=buffer.flags.dtype))
+            if all(has_grad):  # the usual step: no flag tensor to build
+                buffer.flags.fill_(1)
+            else:
+                buffer.flags.copy_(torch.tensor(has_grad, dtype=buffer.flags.dtype))
         return buffer.flat
 
     def hand_back(self) -> None:

@@ -143,3 +143,39 @@ def test_select_replica(mirrored: sj.MirroredStrategy) -> None:
     picked = _values.select_replica(1, structure)
     assert picked == {"p": 2, "m": 3, "v": var, "c": 9}
     assert _values.select_replica(0, (sj.PerReplica(["a", "b"]),)) == ("a",)
+
+
+def test_select_replica_passes_tuples_of_plain_values_as_they_are(
+    mirrored: sj.MirroredStrategy,
+) -> None:
+    # run()'s usual arguments: nothing to pick, so no copy per step; containers a replica
+    # function may change are still its own.
+    x, y = torch.ones(2), torch.zeros(2)
+    args = (x, (y, 3))
+    assert _values.select_replica(1, args) is args
+    nested_list = (x, [y])
+    picked = _values.select_replica(0, nested_list)
+    assert picked == (x, [y]) and picked[1] is not nested_list[1]
+    kwargs: dict = {}
+    assert (
+        _values.select_replica(0, kwargs) == {} and _values.select_replica(0, kwargs) is not kwargs
+    )
+    assert _values.select_replica(1, (x, (sj.PerReplica([1, 2]),))) == (x, (2,))
+
+    seen = []
+
+    def fn(items: list) -> None:
+        items.append(sj.get_replica_context().replica_id_in_sync_group)
+        seen.append(list(items))
+
+    shared: list = []
+    mirrored.run(fn, args=(shared,))
+    assert shared == [] and sorted(len(s) for s in seen) == [1, 1]
+
+
+def test_replica_id_is_an_int32_tensor_made_once(mirrored: sj.MirroredStrategy) -> None:
+    ids = mirrored.run(lambda: sj.get_replica_context().replica_id_in_sync_group)
+    assert [t.dtype for t in ids.values] == [torch.int32, torch.int32]
+    assert [int(t) for t in ids.values] == [0, 1]
+    ctx = sj.ReplicaContext(mirrored, 1)
+    assert ctx.replica_id_in_sync_group is ctx.replica_id_in_sync_group
