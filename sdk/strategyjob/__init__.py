@@ -73,7 +73,15 @@ _SUBMODULES = {
 __all__ = sorted(_PUBLIC) + sorted(_SUBMODULES)
 
 
+# Names that need no torch; every other public name loads the strategies first, which give the
+# contexts below them their default strategy (``_context.set_default_strategy_maker``).
+_TORCH_FREE = {"report", "client", "cluster_resolver", "errors", "jobspec", "launcher"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _PUBLIC or name in _SUBMODULES:
+        if name not in _TORCH_FREE:
+            importlib.import_module(".strategies.base", __name__)
     if name in _PUBLIC:
         value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
         globals()[name] = value  # cache: later lookups skip __getattr__

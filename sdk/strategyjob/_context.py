@@ -62,11 +62,25 @@ _default_mode: Mode | None = None
 _default_mode_lock = threading.Lock()
 
 
-def _default_strategy() -> Strategy:
-    # Imported lazily: the strategies layer sits below this one.
-    from .strategies.base import _get_default_strategy
+# The default strategy is a Strategy, which this layer sits under: the strategies layer hands
+# its maker over when it loads (``set_default_strategy_maker``). Every public door to the SDK
+# loads it first (``strategyjob.__getattr__``, the strategies, ``strategyjob.nn``…).
+_default_strategy_maker: Callable[[], Strategy] | None = None
 
-    return _get_default_strategy()
+
+def set_default_strategy_maker(maker: Callable[[], Strategy]) -> None:
+    """Called once by ``strategies.base``: how to get the strategy in effect when no other is."""
+    global _default_strategy_maker
+    _default_strategy_maker = maker
+
+
+def _default_strategy() -> Strategy:
+    if _default_strategy_maker is None:
+        raise RuntimeError(
+            "strategyjob's default strategy is not loaded: strategyjob.strategies.base was never "
+            "imported. Reach the SDK through `import strategyjob` (its public names load it)."
+        )
+    return _default_strategy_maker()
 
 
 def _default_replica_mode() -> Mode:
@@ -487,11 +501,20 @@ def _replica_tensor(leaf: Any) -> Any:
     read = getattr(leaf, "read_value", None)
     if callable(read):
         return read()
-    from ._values import DistributedValues  # the values layer sits below this one
-
-    if isinstance(leaf, DistributedValues):
+    if isinstance(leaf, _distributed_value_types):
         return _replica_tensor(leaf._get())
     return torch.tensor(leaf)
+
+
+# ``DistributedValues``, which ``_values`` (a layer under this one) registers when it loads: no
+# such value can exist before.
+_distributed_value_types: tuple[type, ...] = ()
+
+
+def register_distributed_value_type(cls: type) -> None:
+    """Values of ``cls`` give each replica its own component (``cls._get()``) in collectives."""
+    global _distributed_value_types
+    _distributed_value_types = (*_distributed_value_types, cls)
 
 
 def _needs_grad(flat: list) -> bool:

@@ -102,6 +102,9 @@ class DistributedValues:
         return func(*args, **kwargs)
 
 
+_context.register_distributed_value_type(DistributedValues)
+
+
 class PerReplica(DistributedValues):
     """Unsynchronised values, one per replica (the usual result of ``strategy.run``)."""
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from . import _context, errors
+from .strategies import base as _strategies  # noqa: F401  (the contexts' default strategy)
 
 __all__ = ["compute_average_loss", "scale_regularization_loss"]
 

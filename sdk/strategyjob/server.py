@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from strategyjob.cluster_resolver import TFConfigClusterResolver
     from strategyjob.ps import _transport
     from strategyjob.ps._server import Server, split_address
+    from strategyjob.strategies import base  # noqa: F401  (the functions it runs may ask for it)
 
     try:
         resolver = TFConfigClusterResolver()

@@ -621,6 +621,17 @@ def _remote_error(reply: pb.ClosureResult) -> BaseException:
 # the coordinator
 
 
+# The strategies a coordinator schedules for: ParameterServerStrategy registers itself when it
+# loads (the strategies sit above this layer).
+_coordinated_types: tuple[type, ...] = ()
+
+
+def register_coordinated_strategy(cls: type) -> None:
+    """Let ``ClusterCoordinator`` accept strategies of ``cls``."""
+    global _coordinated_types
+    _coordinated_types = (*_coordinated_types, cls)
+
+
 class ClusterCoordinator:
     """Schedules functions onto the workers of a ``ParameterServerStrategy``.
 
@@ -630,9 +641,7 @@ class ClusterCoordinator:
     """
 
     def __new__(cls, strategy: Any) -> ClusterCoordinator:
-        from strategyjob.strategies.parameter_server import ParameterServerStrategy
-
-        if not isinstance(strategy, ParameterServerStrategy):
+        if not isinstance(strategy, _coordinated_types):
             raise ValueError(
                 "Only `tf.distribute.experimental.ParameterServerStrategy` is supported to work "
                 "with `tf.distribute.experimental.coordinator.ClusterCoordinator` currently."

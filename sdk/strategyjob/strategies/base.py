@@ -953,5 +953,7 @@ def _get_default_strategy() -> Strategy:
     return _default_strategy
 
 
+_context.set_default_strategy_maker(_get_default_strategy)
+
 # Re-exported for subclasses and tests.
 __all__ += ["GATHER_REQUIRES_CROSS_REPLICA", "PerReplica"]

@@ -23,7 +23,7 @@ from torch.nn.modules import module as _module
 from strategyjob import _context, _variables
 from strategyjob._devices import LogicalDevice
 from strategyjob.cluster_resolver.multi_worker_util import validate_cluster_spec
-from strategyjob.ps import _module_sync, _remote, _transport, _wire
+from strategyjob.ps import _module_sync, _remote, _transport, _wire, coordinator
 from strategyjob.ps.partitioners import div_partition, num_partitions
 from strategyjob.ps.sharded_variable import ShardedVariable
 from strategyjob.strategies.base import Strategy, StrategyExtended, _SingleReplicaExtendedMixin
@@ -460,3 +460,6 @@ def _worker_side_strategy() -> ParameterServerStrategy:
         Strategy.__init__(strategy, ParameterServerStrategyExtended(strategy, None, None))
         _worker_strategy = strategy
     return _worker_strategy
+
+
+coordinator.register_coordinated_strategy(ParameterServerStrategy)

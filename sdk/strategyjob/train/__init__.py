@@ -38,10 +38,11 @@ exits 143 for a restart, and restores the latest checkpoint when created.
 
 Under ParameterServerStrategy the chief's modules and variables are read from the ps when saved
 and written back to them when restored. Under TPUStrategy, DTensors (state split over logical
-devices) are saved whole and restored into each device's shard. Not yet saved: optimizer state
-that lives on the ps (momentum and the like; the chief's optimizer holds none).
+devices) are saved whole and restored into each device's shard; optimizer state that lives on
+the ps (momentum and the like) is read from the ps and written back to it.
 """
 
+from strategyjob.strategies import base as _strategies  # noqa: F401  (the default strategy)
 from strategyjob.train._storage import CheckpointState, get_checkpoint_state, latest_checkpoint
 from strategyjob.train.checkpoint import (
     Checkpoint,

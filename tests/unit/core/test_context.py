@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -283,3 +285,27 @@ def test_copy_rules(mirrored: sj.MirroredStrategy) -> None:
         copy.deepcopy(sj.get_strategy())
     with pytest.raises(RuntimeError, match="single instance"):
         type(sj.get_strategy())()
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        # each public door gives the contexts their default strategy, though the context layer
+        # never imports the strategies (the SDK layers contract)
+        "import strategyjob.nn as nn, torch; assert nn.compute_average_loss(torch.ones(4)) == 1",
+        "import strategyjob.train as t; t.Checkpoint(step=__import__('torch').zeros(()))",
+        "import strategyjob as sj; assert sj.get_replica_context().num_replicas_in_sync == 1",
+        "import strategyjob as sj; sj.PerReplica([1, 2]).values; sj.get_strategy().run(int)",
+    ],
+)
+def test_every_public_door_loads_the_default_strategy(program: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_context_layer_without_strategies_says_what_to_do(monkeypatch) -> None:
+    monkeypatch.setattr(_context, "_default_strategy_maker", None)
+    with pytest.raises(RuntimeError, match="Reach the SDK through `import strategyjob`"):
+        _context._default_strategy()
