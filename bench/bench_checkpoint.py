@@ -30,14 +30,20 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the repository root: the tests' shared builders (tests.support), whatever the directory
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from bench_mwms import SDK, _results, _spawn_all
 from strategyjob.launcher import free_ports
+
+from tests.support.manifests import preemptible_workers
+from tests.support.processes import start_strategyjob_run, stop
 
 
 def _args() -> argparse.Namespace:
@@ -212,42 +218,13 @@ def _stat(pid: int) -> str:
 
 
 def preemption(args: argparse.Namespace) -> None:
-    import subprocess
-
-    import yaml
-
     script = Path(__file__).with_name("preemption_train.py")
     with tempfile.TemporaryDirectory(prefix="bench-preemption-") as directory:
         out = Path(directory)
-        container = {"name": "strategyjob", "command": [sys.executable, str(script), str(out)]}
-        manifest = {
-            "apiVersion": "strategyjob.dev/v1alpha1",
-            "kind": "StrategyJob",
-            "metadata": {"name": "bench-preemption"},
-            "spec": {
-                "strategy": "MultiWorkerMirroredStrategy",
-                "runPolicy": {"backoffLimit": 1},
-                "replicaSpecs": {
-                    "worker": {
-                        "replicas": 2,
-                        "restartPolicy": "ExitCode",
-                        "template": {
-                            "spec": {"terminationGracePeriodSeconds": 60, "containers": [container]}
-                        },
-                    }
-                },
-            },
-        }
-        (out / "job.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-        env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
-        env.pop("TF_CONFIG", None)
+        manifest = preemptible_workers("bench-preemption", [str(script), str(out)])
         started = time.time()
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "strategyjob", "run", str(out / "job.yaml"), "--no-status"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        launcher = start_strategyjob_run(
+            manifest, out, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
             running = _wait_for("5 steps on both workers", lambda: _read_all(out, "running", int))
@@ -259,9 +236,7 @@ def preemption(args: argparse.Namespace) -> None:
             resumed = max(_wait_for("the resumed steps", lambda: _read_all(out, "resumed", float)))
             code = launcher.wait(timeout=300)
         finally:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait()
+            stop(launcher)
     if code != 0:
         sys.exit(f"strategyjob run exited {code}")
     start_to_step = first_step - started

@@ -10,9 +10,6 @@ gather, ``ReplicaContext.all_reduce``) runs on NCCL. Process groups live in subp
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,16 +21,16 @@ from strategyjob.cluster_resolver import ClusterSpec, SimpleClusterResolver
 from strategyjob.launcher import free_ports
 from torch import nn
 
+from tests.support.processes import CLUSTER_ENV, child_env, result_line, run_in_session
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 HERE = Path(__file__).resolve().parent
-SDK = HERE.parents[1] / "sdk"
-_CLUSTER_ENV = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 @pytest.fixture(autouse=True)
 def _no_cluster_env(monkeypatch):
-    for key in _CLUSTER_ENV:
+    for key in CLUSTER_ENV:
         monkeypatch.delenv(key, raising=False)
 
 
@@ -102,33 +99,17 @@ def test_local_mode_trains_on_cuda_and_reduces_cuda_values():
 
 # --- NCCL process groups, in subprocesses ---------------------------------------------------
 def _run_worker(scenario: str, extra_env: dict[str, str], timeout: float = 150) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in _CLUSTER_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
-    env.update(OMP_NUM_THREADS="1", **extra_env)
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "nccl_worker.py"), scenario],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    argv = [sys.executable, str(HERE / "nccl_worker.py"), scenario]
+    run = run_in_session(argv, child_env(**extra_env), timeout)
+    if run.timed_out:
+        pytest.fail(f"{scenario} ran past {timeout} s:\n{run.output[-4000:]}")
+    result = result_line(run.output)
+    assert result, (
+        f"{scenario} exited {run.returncode} without a RESULT line:\n{run.output[-4000:]}"
     )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{scenario} ran past {timeout} s:\n{output[-4000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"{scenario} exited {proc.returncode} without a RESULT line:\n{output[-4000:]}"
-    result = json.loads(lines[-1][len("RESULT ") :])
     failed = "\n".join(f"--- {name}\n{tb}" for name, tb in result["failures"].items())
     assert not failed, f"{scenario}: {sorted(result['failures'])} failed:\n{failed}"
-    assert proc.returncode == 0, f"{scenario} exited {proc.returncode}:\n{output[-4000:]}"
+    assert run.returncode == 0, f"{scenario} exited {run.returncode}:\n{run.output[-4000:]}"
     return result
 
 

@@ -13,7 +13,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,6 +222,24 @@ FIRST_CALLS = (
 )
 
 
+def can(cp: ControlPlane, user: str, verb: str, resource: str, namespace: str) -> bool:
+    """Whether ``kubectl auth can-i`` says ``user`` may ``verb`` ``resource`` (``a/sub`` for
+    a subresource) in ``namespace``."""
+    resource, _, subresource = resource.partition("/")
+    answer = cp.kubectl(
+        "auth",
+        "can-i",
+        verb,
+        resource,
+        f"--subresource={subresource}",
+        "-n",
+        namespace,
+        f"--as={user}",
+        check=False,
+    )
+    return answer.stdout.strip() == "yes"
+
+
 def wait_until_authorized(cp: ControlPlane, user: str, namespace: str, timeout: float = 30) -> None:
     """Poll ``kubectl auth can-i`` until ``user`` may make FIRST_CALLS in ``namespace``: the
     API server's authorizer learns of new RBAC objects through its informers, a moment after
@@ -229,24 +248,78 @@ def wait_until_authorized(cp: ControlPlane, user: str, namespace: str, timeout: 
     pending = list(FIRST_CALLS)
     while pending:
         verb, resource, subresource = pending[0]
-        answer = cp.kubectl(
-            "auth",
-            "can-i",
-            verb,
-            resource,
-            f"--subresource={subresource}",
-            "-n",
-            namespace,
-            f"--as={user}",
-            check=False,
-        )
-        if answer.stdout.strip() == "yes":
+        what = f"{resource}/{subresource}" if subresource else resource
+        if can(cp, user, verb, what, namespace):
             pending.pop(0)
             continue
         if time.monotonic() > deadline:
-            what = f"{resource}/{subresource}" if subresource else resource
             raise AssertionError(f"{user} still may not {verb} {what} in {namespace}")
         time.sleep(0.1)  # poll interval of a deadline-bounded wait
+
+
+RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+
+
+@dataclass
+class ChartAccount:
+    """The chart's ServiceAccount for an operator: its RBAC objects as applied, its user name
+    and a kubeconfig holding a token of it (the operator's ``KUBECONFIG``)."""
+
+    rbac: list[dict[str, Any]]
+    user: str
+    kubeconfig: Path
+
+    def only(self, kind: str) -> dict[str, Any]:
+        """The one RBAC object of ``kind`` (e.g. the watched namespace's Role)."""
+        (doc,) = [d for d in self.rbac if d["kind"] == kind]
+        return doc
+
+
+@contextmanager
+def chart_account(
+    cp: ControlPlane,
+    binary: Path,
+    work: Path,
+    *,
+    watched: str,
+    system: str,
+    release: str,
+    edit: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> Iterator[ChartAccount]:
+    """The operator as the chart's ServiceAccount: renders the chart's RBAC for a release in
+    namespace ``system`` (which must exist) watching ``watched``, lets ``edit`` change it (e.g.
+    withhold a rule), applies it, takes a token and writes a kubeconfig under ``work``, and
+    waits until the RBAC is in effect. Deletes the cluster-scoped objects on exit (the
+    namespaced ones go with their namespaces)."""
+    docs = Helm(binary, work / "helm").render(
+        "--set",
+        f"watchNamespaces={{{watched}}}",
+        "--set",
+        "rbac.aggregateToDefaultRoles=false",
+        release=release,
+        namespace=system,
+    )
+    rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
+    if edit is not None:
+        edit(rbac)
+    try:
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+        (account,) = [d["metadata"]["name"] for d in rbac if d["kind"] == "ServiceAccount"]
+        token = cp.kubectl("create", "token", account, "-n", system, "--duration=1h").stdout
+        kubeconfig = write_token_kubeconfig(cp, token.strip(), work / "sa-kubeconfig")
+        user = f"system:serviceaccount:{system}:{account}"
+        wait_until_authorized(cp, user, watched)
+        yield ChartAccount(rbac, user, kubeconfig)
+    finally:
+        cluster_scoped = [d for d in rbac if d["kind"].startswith("Cluster")]
+        cp.kubectl(
+            "delete",
+            "--ignore-not-found",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(cluster_scoped),
+            check=False,
+        )
 
 
 class ChartOperator:

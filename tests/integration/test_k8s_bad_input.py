@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,71 +14,19 @@ from integration_harness import manifest, wait_for
 from kubernetes.client.exceptions import ApiException
 from strategyjob import jobspec
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "jobspec"))
-from manifest_mutations import (  # the fuzz strategies the loader's unit tests use
+from tests.support.bad_manifests import CRD_REFUSES, MISTAKES
+from tests.support.manifest_mutations import (
     assert_one_line_problems,
     fuzz_settings,
     mutated_manifests,
 )
 
-WORKER = "spec.replicaSpecs.worker"
-CONTAINER = f"{WORKER}.template.spec.containers[0]"
-
-
-def _container(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-
-
-def _template(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["replicaSpecs"]["worker"]["template"]
-
-
-# id: (mutation, the field both the API server and the loader name)
-BAD = {
-    "env-string": (lambda o: _container(o).update(env="LR=0.1"), f"{CONTAINER}.env"),
-    "env-entry-string": (lambda o: _container(o).update(env=["LR=0.1"]), f"{CONTAINER}.env[0]"),
-    "env-entry-no-name": (
-        lambda o: _container(o).update(env=[{"value": "1"}]),
-        f"{CONTAINER}.env[0]",
-    ),
-    "env-value-number": (
-        lambda o: _container(o).update(env=[{"name": "A", "value": 1}]),
-        f"{CONTAINER}.env[0].value",
-    ),
-    "ports-string": (lambda o: _container(o).update(ports="2222"), f"{CONTAINER}.ports"),
-    "port-entry-string": (lambda o: _container(o).update(ports=["2222"]), f"{CONTAINER}.ports[0]"),
-    "port-huge": (
-        lambda o: _container(o).update(ports=[{"containerPort": 10**30}]),
-        f"{CONTAINER}.ports[0].containerPort",
-    ),
-    "command-string": (lambda o: _container(o).update(command="python x"), f"{CONTAINER}.command"),
-    "args-string": (lambda o: _container(o).update(args="--epochs 3"), f"{CONTAINER}.args"),
-    "deadline-huge": (
-        lambda o: o["spec"].update(runPolicy={"activeDeadlineSeconds": 10**30}),
-        "spec.runPolicy.activeDeadlineSeconds",
-    ),
-    "deadline-past-int32": (
-        lambda o: o["spec"].update(runPolicy={"activeDeadlineSeconds": 2**31}),
-        "spec.runPolicy.activeDeadlineSeconds",
-    ),
-    "labels-list": (lambda o: o["metadata"].update(labels=["a"]), "labels"),
-    "annotations-string": (lambda o: o["metadata"].update(annotations="a=b"), "annotations"),
-    "template-labels-list": (
-        lambda o: _template(o).update(metadata={"labels": ["a"]}),
-        f"{WORKER}.template.metadata.labels",
-    ),
-    "template-annotation-number": (
-        lambda o: _template(o).update(metadata={"annotations": {"n": 1}}),
-        f"{WORKER}.template.metadata.annotations.n",
-    ),
-}
-
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("mutate", "field"), BAD.values(), ids=BAD.keys())
-def test_api_server_and_loader_refuse_each_malformed_manifest_naming_the_field(kube, mutate, field):
+@pytest.mark.parametrize(("case", "field"), CRD_REFUSES.items(), ids=CRD_REFUSES.keys())
+def test_api_server_and_loader_refuse_each_malformed_manifest_naming_the_field(kube, case, field):
     obj = manifest("bad", "MultiWorkerMirroredStrategy", {"worker": 2})
-    mutate(obj)
+    MISTAKES[case].apply(obj)
     with pytest.raises(ApiException) as err:
         kube.create_job(copy.deepcopy(obj))
     assert err.value.status in (400, 422)

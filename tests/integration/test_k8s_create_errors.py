@@ -18,7 +18,7 @@ from control_plane import REPO_ROOT
 from integration_harness import Kube, OperatorProcess, manifest, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "helm"))
-from helm_harness import Helm, helm_binary, wait_until_authorized, write_token_kubeconfig
+from helm_harness import can, chart_account, helm_binary
 
 #: How long the tests watch a refused job for retries and Events that should not come: the
 #: operator retried every 5 s before, so this would have seen four attempts.
@@ -45,6 +45,17 @@ def create_errors(op: OperatorProcess, namespace: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def wait_create_failed(kube: Kube, job: str, *, cleared: bool = False, timeout: float = 60) -> dict:
+    """Wait for ``job``'s CreateFailed condition to be True (``cleared``: False again);
+    returns it."""
+    want = "False" if cleared else "True"
+    return wait_for(
+        f"CreateFailed {'cleared' if cleared else 'set'} on {job}",
+        lambda: (c := create_failed(kube, job)) and c["status"] == want and c,
+        timeout=timeout,
+    )
+
+
 def stays(what: str, predicate, seconds: float = QUIET_SECONDS) -> None:
     """``predicate`` holds at every look for ``seconds`` (nothing that should not happen
     happens meanwhile)."""
@@ -68,11 +79,7 @@ def test_an_invalid_pod_is_reported_once_not_retried_and_recovers_when_the_spec_
     kube, operator
 ):
     kube.create_job(invalid_job("bad"))
-    condition = wait_for(
-        "the CreateFailed condition",
-        lambda: (c := create_failed(kube, "bad")) and c["status"] == "True" and c,
-        timeout=60,
-    )
+    condition = wait_create_failed(kube, "bad")
     assert condition["reason"] == "FailedCreatePod"
     assert "HTTP 422" in condition["message"], condition
     assert 'volumeMounts[0].name: Not found: "data"' in condition["message"], condition
@@ -98,11 +105,7 @@ def test_an_invalid_pod_is_reported_once_not_retried_and_recovers_when_the_spec_
     fix = {"spec": {"replicaSpecs": {"worker": {"template": {"spec": {"volumes": volumes}}}}}}
     kube.patch_job("bad", fix)
     kube.wait_pods("bad", 2, timeout=30)
-    cleared = wait_for(
-        "CreateFailed cleared",
-        lambda: (c := create_failed(kube, "bad")) and c["status"] == "False" and c,
-        timeout=30,
-    )
+    cleared = wait_create_failed(kube, "bad", cleared=True, timeout=30)
     assert cleared["reason"] == "CreateSucceeded"
     assert len(events(kube, "bad", "FailedCreatePod")) == 1
 
@@ -121,11 +124,7 @@ def test_a_quota_403_is_in_the_status_and_retried_with_backoff(kube, operator):
     kube.core.patch_namespaced_resource_quota_status("no-pods", kube.ns, usage)
 
     kube.create_job(manifest("quota", "MultiWorkerMirroredStrategy", {"worker": 2}))
-    condition = wait_for(
-        "the CreateFailed condition",
-        lambda: (c := create_failed(kube, "quota")) and c["status"] == "True" and c,
-        timeout=60,
-    )
+    condition = wait_create_failed(kube, "quota")
     assert condition["reason"] == "FailedCreatePod"
     assert "HTTP 403" in condition["message"] and "exceeded quota: no-pods" in condition["message"]
     assert "exponential backoff" in condition["message"], condition
@@ -138,18 +137,15 @@ def test_a_quota_403_is_in_the_status_and_retried_with_backoff(kube, operator):
         "no-pods", kube.ns, {"status": grown["status"]}
     )
     kube.wait_pods("quota", 2, timeout=90)
-    wait_for(
-        "CreateFailed cleared",
-        lambda: (c := create_failed(kube, "quota")) and c["status"] == "False",
-        timeout=30,
-    )
+    wait_create_failed(kube, "quota", cleared=True, timeout=30)
     assert len(events(kube, "quota", "FailedCreatePod")) == 1
 
 
 @pytest.mark.timeout(120)
 def test_a_setup_error_reaches_the_status_and_one_event(own_kube, control_plane):
     """A gang scheduler configured whose PodGroup API is not installed: the job's objects
-    cannot all be created, so no pod is; the status and one Event name the missing API."""
+    cannot all be created, so no pod is; the status, one Event and the operator's log name
+    the missing API."""
     kube = own_kube
     op = OperatorProcess(
         control_plane,
@@ -160,23 +156,18 @@ def test_a_setup_error_reaches_the_status_and_one_event(own_kube, control_plane)
     ).start()
     try:
         kube.create_job(manifest("nogang", "MultiWorkerMirroredStrategy", {"worker": 2}))
-        condition = wait_for(
-            "the CreateFailed condition",
-            lambda: (c := create_failed(kube, "nogang")) and c["status"] == "True" and c,
-            timeout=60,
-        )
+        condition = wait_create_failed(kube, "nogang")
         assert condition["reason"] == "FailedCreate", condition
         missing = "no PodGroup API scheduling.x-k8s.io/v1alpha1 in this cluster"
         assert missing in condition["message"], condition
         kube.wait_events("nogang", "FailedCreate")
         (event,) = [e for e in kube.events("nogang") if e.reason == "FailedCreate"]
         assert event.type == "Warning" and event.message == condition["message"]
-        assert kube.pods("nogang") == {}
+        assert kube.pods("nogang") == {}  # no pod starts outside the gang
+        logged = f"{missing}: install scheduler-plugins"
+        wait_for("the missing API named in the operator's log", lambda: logged in op.output())
     finally:
         op.stop()
-
-
-RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
 
 
 @pytest.mark.timeout(180)
@@ -190,82 +181,51 @@ def test_an_rbac_403_on_setup_is_in_the_status_and_a_spec_change_retries(
     if binary is None:
         pytest.skip(f"no helm binary: {why}")
     kube, cp = own_kube, control_plane
-    suffix = uuid.uuid4().hex[:6]
     system = f"{kube.ns}-system"
     cp.kubectl("create", "namespace", system)
-    docs = Helm(binary, tmp_path / "helm").render(
-        "--set",
-        f"watchNamespaces={{{kube.ns}}}",
-        "--set",
-        "rbac.aggregateToDefaultRoles=false",
-        release=f"refused{suffix}",
-        namespace=system,
-    )
-    rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
-    (role,) = [d for d in rbac if d["kind"] == "Role"]
-    granted = list(role["rules"])
-    role["rules"] = [r for r in granted if "networkpolicies" not in r.get("resources", [])]
-    op = None
+    granted: list[dict] = []
+
+    def withhold_network_policies(rbac: list[dict]) -> None:
+        (role,) = [d for d in rbac if d["kind"] == "Role"]
+        granted.extend(role["rules"])
+        role["rules"] = [r for r in granted if "networkpolicies" not in r.get("resources", [])]
+
+    release = f"refused{uuid.uuid4().hex[:6]}"
     try:
-        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
-        (account,) = [d["metadata"]["name"] for d in rbac if d["kind"] == "ServiceAccount"]
-        token = cp.kubectl("create", "token", account, "-n", system, "--duration=1h").stdout
-        kubeconfig = write_token_kubeconfig(cp, token.strip(), tmp_path / "sa-kubeconfig")
-        user = f"system:serviceaccount:{system}:{account}"
-        wait_until_authorized(cp, user, kube.ns)
-        env = {"KUBECONFIG": str(kubeconfig)}
-        op = OperatorProcess(cp, "--standalone", "-n", kube.ns, env=env).start()
+        with chart_account(
+            cp,
+            binary,
+            tmp_path,
+            watched=kube.ns,
+            system=system,
+            release=release,
+            edit=withhold_network_policies,
+        ) as account:
+            env = {"KUBECONFIG": str(account.kubeconfig)}
+            op = OperatorProcess(cp, "--standalone", "-n", kube.ns, env=env).start()
+            try:
+                kube.create_job(manifest("rbac", "MultiWorkerMirroredStrategy", {"worker": 2}))
+                condition = wait_create_failed(kube, "rbac")
+                assert condition["reason"] == "FailedCreate", condition
+                assert "HTTP 403" in condition["message"], condition
+                assert "networkpolicies" in condition["message"], condition
+                kube.wait_events("rbac", "FailedCreate")
+                assert len(events(kube, "rbac", "FailedCreate")) == 1
+                assert kube.pods("rbac") == {}
 
-        kube.create_job(manifest("rbac", "MultiWorkerMirroredStrategy", {"worker": 2}))
-        condition = wait_for(
-            "the CreateFailed condition",
-            lambda: (c := create_failed(kube, "rbac")) and c["status"] == "True" and c,
-            timeout=60,
-        )
-        assert condition["reason"] == "FailedCreate", condition
-        assert "HTTP 403" in condition["message"], condition
-        assert "networkpolicies" in condition["message"], condition
-        kube.wait_events("rbac", "FailedCreate")
-        assert len(events(kube, "rbac", "FailedCreate")) == 1
-        assert kube.pods("rbac") == {}
-
-        role["rules"] = granted
-        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
-        wait_for(
-            "the NetworkPolicy rule in effect",
-            lambda: (
-                cp.kubectl(
-                    "auth",
-                    "can-i",
-                    "create",
-                    "networkpolicies",
-                    "-n",
-                    kube.ns,
-                    f"--as={user}",
-                    check=False,
-                ).stdout.strip()
-                == "yes"
-            ),
-        )
-        note = {"metadata": {"annotations": {"rbac": "granted"}}}
-        kube.patch_job("rbac", {"spec": {"replicaSpecs": {"worker": {"template": note}}}})
-        kube.wait_pods("rbac", 2, timeout=60)
-        wait_for(
-            "CreateFailed cleared",
-            lambda: (c := create_failed(kube, "rbac")) and c["status"] == "False",
-            timeout=30,
-        )
-        assert len(events(kube, "rbac", "FailedCreate")) == 1
+                role = account.only("Role")
+                role["rules"] = granted
+                cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
+                wait_for(
+                    "the NetworkPolicy rule in effect",
+                    lambda: can(cp, account.user, "create", "networkpolicies", kube.ns),
+                )
+                note = {"metadata": {"annotations": {"rbac": "granted"}}}
+                kube.patch_job("rbac", {"spec": {"replicaSpecs": {"worker": {"template": note}}}})
+                kube.wait_pods("rbac", 2, timeout=60)
+                wait_create_failed(kube, "rbac", cleared=True)
+                assert len(events(kube, "rbac", "FailedCreate")) == 1
+            finally:
+                op.stop()
     finally:
-        if op is not None:
-            op.stop()
-        cluster_scoped = [d for d in rbac if d["kind"].startswith("Cluster")]
-        cp.kubectl(
-            "delete",
-            "--ignore-not-found",
-            "-f",
-            "-",
-            input=yaml.safe_dump_all(cluster_scoped),
-            check=False,
-        )
         cp.kubectl("delete", "namespace", system, "--wait=false", check=False)

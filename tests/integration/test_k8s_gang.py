@@ -94,31 +94,8 @@ def test_volcano_gets_a_pod_group_owned_by_the_job(own_kube, control_plane, volc
         op.stop()
 
 
-@pytest.mark.timeout(90)
-def test_a_missing_pod_group_api_is_named_and_no_pod_starts_outside_the_gang(
-    own_kube, control_plane
-):
-    kube = own_kube
-    op = OperatorProcess(
-        control_plane,
-        "--standalone",
-        "-n",
-        kube.ns,
-        env={"STRATEGYJOB_GANG_SCHEDULER": "scheduler-plugins"},
-    ).start()
-    try:
-        kube.create_job(manifest("nogang", "MultiWorkerMirroredStrategy", {"worker": 2}))
-        wait_for(
-            "the missing API named in the operator's log",
-            lambda: (
-                "no PodGroup API scheduling.x-k8s.io/v1alpha1 in this cluster: install "
-                "scheduler-plugins" in op.output()
-            ),
-            timeout=60,
-        )
-        assert kube.pods("nogang") == {}
-    finally:
-        op.stop()
+# A configured gang scheduler whose PodGroup API is missing: test_k8s_create_errors.py
+# (test_a_setup_error_reaches_the_status_and_one_event) checks the status, Event and log.
 
 
 @pytest.mark.timeout(60)

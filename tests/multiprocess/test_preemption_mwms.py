@@ -12,19 +12,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
+
+from tests.support.manifests import preemptible_workers
+from tests.support.processes import start_strategyjob_run, stop
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "preemption_worker.py"
-SDK = HERE.parents[1] / "sdk"
 STEPS = 12
 INTERVAL = 3
 
@@ -34,41 +34,10 @@ def _launch(
 ) -> subprocess.Popen[str]:
     """Start ``strategyjob run`` of the 2-worker job."""
     out.mkdir()
-    container = {
-        "name": "strategyjob",
-        "command": [sys.executable, str(WORKER), str(out), mode, str(kill_step), str(steps)],
-    }
-    manifest = {
-        "apiVersion": "strategyjob.dev/v1alpha1",
-        "kind": "StrategyJob",
-        "metadata": {"name": "preempt"},
-        "spec": {
-            "strategy": "MultiWorkerMirroredStrategy",
-            "runPolicy": {"backoffLimit": 1},
-            "replicaSpecs": {
-                "worker": {
-                    "replicas": 2,
-                    "restartPolicy": restart_policy,
-                    "template": {
-                        "spec": {"terminationGracePeriodSeconds": 60, "containers": [container]}
-                    },
-                }
-            },
-        },
-    }
-    path = out / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SDK), env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = "1"
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env.pop("TF_CONFIG", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "strategyjob", "run", str(path), "--no-status"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
+    command = [str(WORKER), str(out), mode, str(kill_step), str(steps)]
+    manifest = preemptible_workers("preempt", command, restart_policy)
+    return start_strategyjob_run(
+        manifest, out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -76,9 +45,7 @@ def _finish(launcher: subprocess.Popen[str], timeout: float = 280) -> tuple[int,
     try:
         output = launcher.communicate(timeout=timeout)[0]
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+        stop(launcher)
     return launcher.returncode, output
 
 

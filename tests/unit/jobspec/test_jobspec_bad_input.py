@@ -6,148 +6,43 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
-from manifest_mutations import (
-    assert_one_line_problems,
-    fuzz_settings,
-    mutated_manifests,
-)
 from strategyjob import jobspec
 from strategyjob.jobspec import ManifestError, load_manifest
 from strategyjob.jobspec import messages as msg
 
-WORKER = "spec.replicaSpecs.worker"
-CONTAINER = f"{WORKER}.template.spec.containers[0]"
+from tests.support.bad_manifests import (
+    CONTAINER,
+    MISTAKES,
+    WORKER,
+    container_of,
+    template_of,
+)
+from tests.support.manifest_mutations import (
+    assert_one_line_problems,
+    fuzz_settings,
+    mutated_manifests,
+)
 
 
-def _container(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-
-
-def _template(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["replicaSpecs"]["worker"]["template"]
-
-
-#: Where a mistake goes: (the mapping to update, the path the problem starts with).
-PLACES = {
-    "container": (_container, f"{CONTAINER}."),
-    "template": (_template, f"{WORKER}.template."),
-    "metadata": (lambda o: o["metadata"], "metadata."),
-    "runPolicy": (lambda o: o["spec"].setdefault("runPolicy", {}), "spec.runPolicy."),
-    "worker": (lambda o: o["spec"]["replicaSpecs"]["worker"], f"{WORKER}."),
-}
-
-# id: (place, fields to set, the problem's path after the place's, a fragment of its fix)
-BAD = {
-    "env-string": ("container", {"env": "LR=0.1"}, "env", "- name: VAR"),
-    "env-entry-string": ("container", {"env": ["LR=0.1"]}, "env[0]", "name: VAR"),
-    "env-entry-no-name": ("container", {"env": [{"value": "1"}]}, "env[0]", "name: VAR"),
-    "env-entry-empty-name": ("container", {"env": [{"name": ""}]}, "env[0]", "name: VAR"),
-    "env-value-number": ("container", {"env": [{"name": "A", "value": 1}]}, "env[0].value", '"1"'),
-    "env-valuefrom-string": (
-        "container",
-        {"env": [{"name": "A", "valueFrom": "x"}]},
-        "env[0].valueFrom",
-        "key: value",
-    ),
-    "ports-string": ("container", {"ports": "2222"}, "ports", "- containerPort: 2222"),
-    "port-entry-number": ("container", {"ports": [2222]}, "ports[0]", "containerPort: 2222"),
-    "port-no-number": ("container", {"ports": [{"name": "x"}]}, "ports[0]", "containerPort: 2222"),
-    "port-huge": (
-        "container",
-        {"ports": [{"containerPort": 10**30}]},
-        "ports[0].containerPort",
-        "65535 or less",
-    ),
-    "port-string": (
-        "container",
-        {"ports": [{"containerPort": "http"}]},
-        "ports[0].containerPort",
-        "e.g. 2222",
-    ),
-    "port-protocol": (
-        "container",
-        {"ports": [{"containerPort": 80, "protocol": "tcp"}]},
-        "ports[0].protocol",
-        "TCP, UDP, SCTP",
-    ),
-    "command-string": (
-        "container",
-        {"command": "python x.py"},
-        "command",
-        '["python", "train.py"]',
-    ),
-    "command-number": ("container", {"command": ["sleep", 3]}, "command", "quote each part"),
-    "args-string": ("container", {"args": "--epochs 3"}, "args", '["--epochs", "3"]'),
-    "labels-list": ("metadata", {"labels": ["team=vision"]}, "labels", "key: value"),
-    "annotations-string": ("metadata", {"annotations": "a=b"}, "annotations", "key: value"),
-    "label-value-number": ("metadata", {"labels": {"gen": 2}}, "labels.gen", 'e.g. "2"'),
-    "annotation-value-bool": ("metadata", {"annotations": {"x": True}}, "annotations.x", '"true"'),
-    "template-metadata-list": ("template", {"metadata": ["a"]}, "metadata", "key: value"),
-    "template-labels-list": (
-        "template",
-        {"metadata": {"labels": ["a"]}},
-        "metadata.labels",
-        "key: value",
-    ),
-    "template-annotation-number": (
-        "template",
-        {"metadata": {"annotations": {"n": 1.5}}},
-        "metadata.annotations.n",
-        'e.g. "1.5"',
-    ),
-    "deadline-huge": (
-        "runPolicy",
-        {"activeDeadlineSeconds": 10**30},
-        "activeDeadlineSeconds",
-        "2147483647 or less",
-    ),
-    "deadline-int32": (
-        "runPolicy",
-        {"activeDeadlineSeconds": 2**31},
-        "activeDeadlineSeconds",
-        "2147483647 or less",
-    ),
-    "deadline-float": (
-        "runPolicy",
-        {"activeDeadlineSeconds": 1.5},
-        "activeDeadlineSeconds",
-        "3600",
-    ),
-    "ttl-huge": (
-        "runPolicy",
-        {"ttlSecondsAfterFinished": 2**63},
-        "ttlSecondsAfterFinished",
-        "2147483647 or less",
-    ),
-    "backoff-huge": ("runPolicy", {"backoffLimit": 2**40}, "backoffLimit", "2147483647 or less"),
-    "replicas-huge": ("worker", {"replicas": 10**12}, "replicas", "1000 or less"),
-    "replicas-over-the-type-limit": ("worker", {"replicas": 1001}, "replicas", "1000 or less"),
-}
-
-
-@pytest.mark.parametrize(("place", "fields", "where", "fix"), BAD.values(), ids=BAD.keys())
-def test_each_mistake_is_one_line_naming_the_field_and_the_fix(
-    make_manifest, place, fields, where, fix
-):
+@pytest.mark.parametrize("mistake", MISTAKES.values(), ids=MISTAKES.keys())
+def test_each_mistake_is_one_line_naming_the_field_and_the_fix(make_manifest, mistake):
     obj = make_manifest()
-    get, prefix = PLACES[place]
-    get(obj).update(copy.deepcopy(fields))
+    mistake.apply(obj)
     with pytest.raises(ManifestError) as info:
         load_manifest(obj)
     assert_one_line_problems(info.value)
     assert len(info.value.problems) == 1, info.value.problems
     (problem,) = info.value.problems
-    assert problem.startswith(f"{prefix}{where}: "), problem
-    assert "(got " in problem and fix in problem, problem
+    assert problem.startswith(f"{mistake.field}: "), problem
+    assert "(got " in problem and mistake.fix in problem, problem
 
 
 def test_command_as_a_string_is_not_split_into_characters(make_manifest):
     obj = make_manifest()
-    _container(obj)["command"] = "python train.py"
+    container_of(obj)["command"] = "python train.py"
     with pytest.raises(ManifestError) as info:
         load_manifest(obj)
     assert info.value.problems == [
@@ -161,7 +56,7 @@ def test_command_as_a_string_is_not_split_into_characters(make_manifest):
 
 def test_every_container_is_checked_not_only_the_training_one(make_manifest, make_container):
     obj = make_manifest()
-    _template(obj)["spec"]["containers"].append(make_container("sidecar", env="A=1"))
+    template_of(obj)["spec"]["containers"].append(make_container("sidecar", env="A=1"))
     with pytest.raises(ManifestError) as info:
         load_manifest(obj)
     assert info.value.problems[0].startswith(f"{WORKER}.template.spec.containers[1].env:")
@@ -169,7 +64,7 @@ def test_every_container_is_checked_not_only_the_training_one(make_manifest, mak
 
 def test_well_formed_env_ports_labels_and_limits_load(make_manifest):
     obj = make_manifest()
-    _container(obj).update(
+    container_of(obj).update(
         env=[
             {"name": "A", "value": "1"},
             {"name": "B"},
@@ -178,7 +73,7 @@ def test_well_formed_env_ports_labels_and_limits_load(make_manifest):
         ports=[{"containerPort": 8080, "name": "http", "protocol": "UDP"}],
         args=["--lr", "0.1"],
     )
-    _template(obj)["metadata"] = {"labels": {"a": "b"}, "annotations": {"c": ""}}
+    template_of(obj)["metadata"] = {"labels": {"a": "b"}, "annotations": {"c": ""}}
     obj["metadata"]["labels"] = {"team": "vision"}
     obj["spec"]["runPolicy"] = dict(
         activeDeadlineSeconds=jobspec.MAX_INT32, ttlSecondsAfterFinished=jobspec.MAX_INT32
@@ -205,7 +100,7 @@ def test_load_manifest_file_names_the_file_on_the_same_line(tmp_path, make_manif
     import yaml
 
     obj = make_manifest()
-    _container(obj)["ports"] = "2222"
+    container_of(obj)["ports"] = "2222"
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(obj))
     with pytest.raises(ManifestError) as info:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import sys
-from datetime import UTC, datetime
-from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -21,34 +19,23 @@ from strategyjob_operator import constants as c
 from strategyjob_operator.decide import Action, decide
 from strategyjob_operator.observe import Replica
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobspec"))
-from manifest_mutations import (  # a sibling test directory's helper
+from tests.support import manifests
+from tests.support.manifest_mutations import (
     assert_one_line_problems,
     fuzz_settings,
     mutated_manifests,
     values,
 )
+from tests.support.pods import NOW
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}
 OWNER = {"apiVersion": "strategyjob.dev/v1alpha1", "kind": "StrategyJob", "name": "j", "uid": "u"}
 INT64 = 2**63 - 1
 RFC3339_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{6})?Z$")
 
 
-def job(**run_policy) -> jobspec.StrategyJob:
-    return jobspec.load_manifest(
-        {
-            "apiVersion": "strategyjob.dev/v1alpha1",
-            "kind": "StrategyJob",
-            "metadata": {"name": "j", "namespace": "ns"},
-            "spec": {
-                "strategy": "MultiWorkerMirroredStrategy",
-                "replicaSpecs": {"worker": {"replicas": 2, "template": TEMPLATE}},
-                "runPolicy": run_policy,
-            },
-        }
-    )
+def job(**run_policy: Any) -> jobspec.StrategyJob:
+    """Two workers under the default restart policy."""
+    return manifests.job(policy=None, **run_policy)
 
 
 def running(j: jobspec.StrategyJob) -> dict[tuple[str, int], Replica]:

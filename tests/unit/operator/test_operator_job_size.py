@@ -7,16 +7,17 @@ are measured in tests/integration/test_k8s_job_size.py."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 import pytest
 from strategyjob_operator import children
-from strategyjob_operator.kube import KubeApi, without_env
+from strategyjob_operator.kube import without_env
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.reconcile import OperatorSettings, Reconciler
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}
+from tests.support.fake_api import FakeApi
+from tests.support.manifests import manifest
+from tests.support.pods import NOW
+
 WORKERS = 300
 IN_FLIGHT = 7
 
@@ -43,19 +44,13 @@ class LivePods:
         return self.Pod(pod)
 
 
-class FakeApi:
-    job_path = staticmethod(KubeApi.job_path)
-    core_path = staticmethod(KubeApi.core_path)
-    group_path = staticmethod(KubeApi.group_path)
+class InFlightApi(FakeApi):
+    """Counts the creations in flight at once; a request takes a while, others start
+    meanwhile."""
 
     def __init__(self, job: dict) -> None:
-        self.job, self.created, self.in_flight, self.most_in_flight = job, [], 0, 0
-
-    async def get(self, path):
-        return self.job
-
-    async def list(self, path, selector):
-        return []
+        super().__init__(job)
+        self.in_flight = self.most_in_flight = 0
 
     async def create(self, path, obj):
         self.in_flight += 1
@@ -64,31 +59,16 @@ class FakeApi:
         for _ in range(3):  # a request takes a while: others start meanwhile
             await asyncio.sleep(0)
         self.in_flight -= 1
-        self.created.append(name)  # the name only: the API server keeps the pod, not we
+        self.created[name] = None  # the name only: the API server keeps the pod, not we
         return True
-
-    async def merge_patch(self, path, patch):
-        self.job = {**self.job, "status": patch["status"]}
-        return {}
-
-    async def post_event(self, *args):
-        pass
 
 
 def test_pods_are_built_as_they_are_created_never_all_at_once(monkeypatch):
-    job = {
-        "apiVersion": "strategyjob.dev/v1alpha1",
-        "kind": "StrategyJob",
-        "metadata": {"name": "big", "namespace": "ns", "uid": "u", "generation": 1},
-        "spec": {
-            "strategy": "MultiWorkerMirroredStrategy",
-            "replicaSpecs": {"worker": {"replicas": WORKERS, "template": TEMPLATE}},
-        },
-    }
+    job = manifest({"worker": WORKERS}, name="big", policy=None, uid="u", generation=1)
     pods = LivePods()
     build = children.build_pod
     monkeypatch.setattr(children, "build_pod", lambda *a, **k: pods.wrap(build(*a, **k)))
-    api = FakeApi(job)
+    api = InFlightApi(job)
     settings = OperatorSettings(max_in_flight=IN_FLIGHT, metrics_port=None)
     reconciler = Reconciler(api, settings, clock=lambda: NOW, registry=Registry())
     asyncio.run(reconciler.reconcile("ns", "big"))

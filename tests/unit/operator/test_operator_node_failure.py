@@ -5,11 +5,10 @@ gone or NotReady, never when the node is Ready (a slow kubelet)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from strategyjob import jobspec
 from strategyjob_operator import constants as c
 from strategyjob_operator.decide import (
     DEFAULT_LOST_POD_SECONDS,
@@ -29,8 +28,9 @@ from strategyjob_operator.observe import (
     stamp_unknown,
 )
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-STARTED = "2026-01-01T11:00:00Z"
+from tests.support.manifests import job
+from tests.support.pods import NOW, launched, pod
+
 LOST = 60.0
 
 
@@ -38,82 +38,27 @@ def ts(seconds_ago: float) -> str:
     return (NOW - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def job(policy: str = "OnFailure", workers: int = 2) -> jobspec.StrategyJob:
-    return jobspec.load_manifest(
-        {
-            "apiVersion": "strategyjob.dev/v1alpha1",
-            "kind": "StrategyJob",
-            "metadata": {"name": "j", "namespace": "ns"},
-            "spec": {
-                "strategy": "MultiWorkerMirroredStrategy",
-                "replicaSpecs": {
-                    "worker": {
-                        "replicas": workers,
-                        "restartPolicy": policy,
-                        "template": {"spec": {"containers": [{"name": "t", "image": "x"}]}},
-                    }
-                },
-            },
-        }
-    )
-
-
-def pod(
-    i: int,
-    phase: str = "Running",
-    *,
-    node: str | None = "node-1",
-    not_ready_since: str | None = None,
-    deleted: str | None = None,
-    grace: int | None = None,
-    uid: str | None = None,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": f"j-worker-{i}",
-        "uid": uid or f"uid-{i}",
-        "labels": {c.LABEL_REPLICA_TYPE: "worker", c.LABEL_REPLICA_INDEX: str(i)},
-    }
-    if deleted is not None:
-        meta["deletionTimestamp"] = deleted
-        meta["deletionGracePeriodSeconds"] = 30 if grace is None else grace
-    status: dict[str, Any] = {"phase": phase}
-    if not_ready_since is not None:
-        status["conditions"] = [
-            {"type": "Ready", "status": "False", "lastTransitionTime": not_ready_since}
-        ]
-    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": status}
-
-
-def launched() -> dict[str, Any]:
-    return {
-        "launched": True,
-        "startTime": STARTED,
-        "conditions": [
-            {"type": c.CREATED, "status": "True", "reason": c.REASON_CREATED},
-            {"type": c.RUNNING, "status": "True", "reason": c.REASON_RUNNING},
-        ],
-    }
-
-
 # --- phase Unknown ----------------------------------------------------------------------------
 
 
 def test_an_unknown_pod_counts_from_when_its_ready_condition_went_false() -> None:
-    r = replica_from_pod(pod(1, "Unknown", not_ready_since=ts(10)), "t")
+    r = replica_from_pod(pod("worker", 1, "Unknown", not_ready_since=ts(10)), "t")
     assert r is not None and r.phase == "Unknown" and r.unknown_since == ts(10)
     assert r.node_name == "node-1"
-    running = replica_from_pod(pod(1, not_ready_since=ts(10)), "t")
+    running = replica_from_pod(pod("worker", 1, not_ready_since=ts(10)), "t")
     assert running is not None and running.unknown_since is None  # only for phase Unknown
 
 
 def test_an_unknown_pod_waits_for_the_timeout_then_restarts_the_job() -> None:
     j = job()
-    early = observe(j, [pod(0), pod(1, "Unknown", not_ready_since=ts(LOST - 15))])
+    early = observe(
+        j, [pod("worker", 0), pod("worker", 1, "Unknown", not_ready_since=ts(LOST - 15))]
+    )
     plan = decide(j, 1, launched(), early, NOW, lost_pod_seconds=LOST)
     assert plan.action is Action.NONE and not plan.delete_pods
     assert plan.requeue_after == pytest.approx(15)  # woken when the timeout ends
 
-    late = observe(j, [pod(0), pod(1, "Unknown", not_ready_since=ts(LOST + 5))])
+    late = observe(j, [pod("worker", 0), pod("worker", 1, "Unknown", not_ready_since=ts(LOST + 5))])
     plan = decide(j, 1, launched(), late, NOW, lost_pod_seconds=LOST)
     assert plan.action is Action.RESTART_JOB
     assert plan.delete_pods == ("j-worker-0", "j-worker-1")
@@ -124,8 +69,10 @@ def test_an_unknown_pod_waits_for_the_timeout_then_restarts_the_job() -> None:
 
 
 def test_an_unknown_pod_fails_the_job_under_restart_policy_never() -> None:
-    j = job("Never")
-    replicas = observe(j, [pod(0), pod(1, "Unknown", not_ready_since=ts(LOST + 1))])
+    j = job(policy="Never")
+    replicas = observe(
+        j, [pod("worker", 0), pod("worker", 1, "Unknown", not_ready_since=ts(LOST + 1))]
+    )
     plan = decide(j, 1, launched(), replicas, NOW, lost_pod_seconds=LOST)
     assert plan.action is Action.FAIL
     assert "restartPolicy Never does not retry it" in plan.status["conditions"][-1]["message"]
@@ -133,9 +80,9 @@ def test_an_unknown_pod_fails_the_job_under_restart_policy_never() -> None:
 
 def test_an_unknown_pod_without_a_time_counts_from_when_the_operator_first_saw_it() -> None:
     j = job()
-    replicas = observe(j, [pod(0), pod(1, "Unknown")])
+    replicas = observe(j, [pod("worker", 0), pod("worker", 1, "Unknown")])
     stamped, seen = stamp_unknown(replicas, {}, ts(0))
-    assert seen == {"uid-1": ts(0)} and stamped[("worker", 1)].unknown_since == ts(0)
+    assert seen == {"uid-worker-1": ts(0)} and stamped[("worker", 1)].unknown_since == ts(0)
     plan = decide(j, 1, launched(), stamped, NOW, lost_pod_seconds=LOST)
     assert plan.action is Action.NONE and plan.requeue_after == pytest.approx(LOST)
     # A later pass keeps the first sighting, so the timeout ends.
@@ -146,7 +93,7 @@ def test_an_unknown_pod_without_a_time_counts_from_when_the_operator_first_saw_i
         Action.RESTART_JOB
     )
     # Back to Running: forgotten.
-    _, seen = stamp_unknown(observe(j, [pod(0), pod(1)]), seen, ts(0))
+    _, seen = stamp_unknown(observe(j, [pod("worker", 0), pod("worker", 1)]), seen, ts(0))
     assert seen == {}
 
 
@@ -154,20 +101,24 @@ def test_an_unknown_pod_without_a_time_counts_from_when_the_operator_first_saw_i
 
 
 def test_only_pods_past_grace_plus_timeout_and_not_yet_forced_are_overdue() -> None:
-    j = job(workers=4)
+    j = job({"worker": 4})
     replicas = observe(
         j,
         [
-            pod(0, deleted=ts(LOST + 1)),  # grace ended 61 s ago: overdue
-            pod(1, deleted=ts(LOST - 20)),  # 20 s to go
-            pod(2, deleted=ts(LOST + 100), grace=0),  # force-deleted already (a finalizer)
-            pod(3, deleted=ts(LOST + 100), node=None),  # never scheduled
+            pod("worker", 0, deleted=ts(LOST + 1)),  # grace ended 61 s ago: overdue
+            pod("worker", 1, deleted=ts(LOST - 20)),  # 20 s to go
+            # force-deleted already (a finalizer keeps it)
+            pod("worker", 2, deleted=ts(LOST + 100), grace=0),
+            pod("worker", 3, deleted=ts(LOST + 100), node=None),  # never scheduled
         ],
     )
     overdue, wait = overdue_terminating(replicas, NOW, LOST)
     assert [r.name for r in overdue] == ["j-worker-0"]
     assert wait == pytest.approx(20)
-    assert overdue_terminating(observe(j, [pod(0), pod(1)]), NOW, LOST) == ([], None)
+    assert overdue_terminating(observe(j, [pod("worker", 0), pod("worker", 1)]), NOW, LOST) == (
+        [],
+        None,
+    )
 
 
 def test_node_state_reads_the_ready_condition() -> None:
@@ -182,12 +133,12 @@ def test_node_state_reads_the_ready_condition() -> None:
 
 
 def test_force_deletion_only_on_a_gone_or_not_ready_node_with_one_event_each() -> None:
-    j = job(workers=4)
+    j = job({"worker": 4})
     pods = [
-        pod(0, deleted=ts(LOST + 5), node="gone"),
-        pod(1, deleted=ts(LOST + 5), node="sick"),
-        pod(2, deleted=ts(LOST + 5), node="fine"),
-        pod(3, deleted=ts(LOST + 5), node="unreadable"),
+        pod("worker", 0, deleted=ts(LOST + 5), node="gone"),
+        pod("worker", 1, deleted=ts(LOST + 5), node="sick"),
+        pod("worker", 2, deleted=ts(LOST + 5), node="fine"),
+        pod("worker", 3, deleted=ts(LOST + 5), node="unreadable"),
     ]
     overdue, _ = overdue_terminating(observe(j, pods), NOW, LOST)
     nodes = {"gone": NODE_GONE, "sick": NODE_NOT_READY, "fine": NODE_READY}
@@ -206,7 +157,7 @@ def test_a_job_waits_for_terminating_pods_before_recreating_them() -> None:
     node, so no new pod may be created until it is force-deleted."""
     j = job()
     status = {**launched(), "launched": False}
-    replicas = observe(j, [pod(1, deleted=ts(LOST + 5), node="gone")])
+    replicas = observe(j, [pod("worker", 1, deleted=ts(LOST + 5), node="gone")])
     plan = decide(j, 1, status, replicas, NOW, lost_pod_seconds=LOST)
     assert plan.action is Action.NONE and not plan.create
     assert force_deletions("ns", overdue_terminating(replicas, NOW, LOST)[0], {}, NOW) == []

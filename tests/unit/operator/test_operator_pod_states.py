@@ -7,7 +7,7 @@ is passed in."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,95 +16,11 @@ from strategyjob_operator import constants as c
 from strategyjob_operator.decide import Action, decide, format_indexes, parse_indexes
 from strategyjob_operator.observe import Replica, observe, replica_from_pod
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-STARTED = "2026-01-01T11:00:00Z"
+from tests.support import manifests
+from tests.support.pods import NOW, STARTED, launched, pod, terminated, waiting
+
 SIDECAR = {"name": "log-shipper", "image": "fluent-bit"}
-
-
-def job(
-    replicas: dict[str, int] | None = None,
-    *,
-    strategy: str = "MultiWorkerMirroredStrategy",
-    policy: str | dict[str, str] = "OnFailure",
-    containers: list[dict[str, Any]] | None = None,
-    success_policy: str = "",
-    **run_policy: Any,
-) -> jobspec.StrategyJob:
-    containers = containers or [{"name": "strategyjob", "image": "train"}, SIDECAR]
-    spec: dict[str, Any] = {
-        "strategy": strategy,
-        "replicaSpecs": {
-            t: {
-                "replicas": n,
-                "restartPolicy": policy if isinstance(policy, str) else policy.get(t, "Never"),
-                "template": {"spec": {"containers": containers}},
-            }
-            for t, n in (replicas or {"worker": 2}).items()
-        },
-        "runPolicy": run_policy,
-    }
-    if success_policy:
-        spec["successPolicy"] = success_policy
-    return jobspec.load_manifest(
-        {
-            "apiVersion": "strategyjob.dev/v1alpha1",
-            "kind": "StrategyJob",
-            "metadata": {"name": "j", "namespace": "ns"},
-            "spec": spec,
-        }
-    )
-
-
-def terminated(code: int, reason: str | None = None) -> dict[str, Any]:
-    return {
-        "terminated": {
-            "exitCode": code,
-            "reason": reason or ("Completed" if code == 0 else "Error"),
-            "finishedAt": "2026-01-01T11:59:00Z",
-        }
-    }
-
-
 RUNNING = {"running": {"startedAt": STARTED}}
-
-
-def pod(
-    t: str,
-    i: int,
-    phase: str = "Running",
-    states: dict[str, dict[str, Any]] | None = None,
-    *,
-    init: dict[str, dict[str, Any]] | None = None,
-    conditions: list[dict[str, Any]] | None = None,
-    node: str | None = "node-1",
-    created: str = STARTED,
-    reason: str | None = None,
-) -> dict[str, Any]:
-    """A pod as the API server returns it; ``states``: container name -> state."""
-    status: dict[str, Any] = {"phase": phase}
-    if states is not None:
-        status["containerStatuses"] = [{"name": n, "state": s} for n, s in states.items()]
-    if init is not None:
-        status["initContainerStatuses"] = [{"name": n, "state": s} for n, s in init.items()]
-    if conditions is not None:
-        status["conditions"] = conditions
-    if reason:
-        status["reason"] = reason
-    return {
-        "metadata": {
-            "name": f"j-{t}-{i}",
-            "creationTimestamp": created,
-            "labels": {c.LABEL_REPLICA_TYPE: t, c.LABEL_REPLICA_INDEX: str(i)},
-        },
-        "spec": {"nodeName": node} if node else {},
-        "status": status,
-    }
-
-
-def waiting(reason: str, message: str = "") -> dict[str, Any]:
-    return {"waiting": {"reason": reason, "message": message}}
-
-
 UNSCHEDULABLE = [
     {
         "type": "PodScheduled",
@@ -115,16 +31,16 @@ UNSCHEDULABLE = [
 ]
 
 
-def launched(**extra: Any) -> dict[str, Any]:
-    return {
-        "launched": True,
-        "startTime": STARTED,
-        "conditions": [
-            {"type": c.CREATED, "status": "True", "reason": c.REASON_CREATED},
-            {"type": c.RUNNING, "status": "True", "reason": c.REASON_RUNNING},
-        ],
-        **extra,
-    }
+def job(
+    replicas: dict[str, int] | None = None,
+    *,
+    containers: list[dict[str, Any]] | None = None,
+    **kwargs: Any,
+) -> jobspec.StrategyJob:
+    """:func:`tests.support.manifests.job`, its pods running the training container beside a
+    sidecar unless ``containers`` says otherwise."""
+    containers = containers or [{"name": "strategyjob", "image": "train"}, SIDECAR]
+    return manifests.job(replicas, containers=containers, **kwargs)
 
 
 def seen(j: jobspec.StrategyJob, *pods: dict[str, Any]) -> dict[tuple[str, int], Replica]:

@@ -6,14 +6,11 @@ and SIGKILL. Pure: decide() and observe() on plain values, the reconciler with a
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 import pytest
-from strategyjob import jobspec
 from strategyjob_operator import constants as c
 from strategyjob_operator.decide import Action, decide
 from strategyjob_operator.handlers import _grace_seconds
-from strategyjob_operator.kube import KubeApi
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.observe import Replica, observe, replica_from_pod
 from strategyjob_operator.reconcile import (
@@ -23,32 +20,16 @@ from strategyjob_operator.reconcile import (
     with_grace_period,
 )
 
-NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}
+from tests.support import manifests, pods
+from tests.support.fake_api import FakeApi
+from tests.support.manifests import TEMPLATE, job
+from tests.support.pods import NOW
+
 LAUNCHED = {
     "launched": True,
     "startTime": "2026-01-01T11:00:00Z",
     "conditions": [{"type": c.CREATED, "status": "True", "reason": c.REASON_CREATED}],
 }
-
-
-def job(strategy="MultiWorkerMirroredStrategy", replicas=None, policy="OnFailure", **run):
-    replicas = replicas or {"worker": 2}
-    return jobspec.load_manifest(
-        {
-            "apiVersion": "strategyjob.dev/v1alpha1",
-            "kind": "StrategyJob",
-            "metadata": {"name": "j", "namespace": "ns"},
-            "spec": {
-                "strategy": strategy,
-                "replicaSpecs": {
-                    t: {"replicas": n, "restartPolicy": policy, "template": TEMPLATE}
-                    for t, n in replicas.items()
-                },
-                "runPolicy": run,
-            },
-        }
-    )
 
 
 def running(j):
@@ -157,7 +138,7 @@ def test_the_preempted_pod_still_terminating_after_the_restart_is_not_counted_ag
 
 
 def test_a_preempted_parameter_server_worker_is_recreated_alone():
-    j = job("ParameterServerStrategy", {"chief": 1, "worker": 2, "ps": 1}, backoffLimit=0)
+    j = job({"chief": 1, "worker": 2, "ps": 1}, strategy="ParameterServerStrategy", backoffLimit=0)
     pods = {**running(j), ("worker", 1): disrupted("worker", 1, "DeletionByTaintManager")}
     plan = decide(j, 1, dict(LAUNCHED), pods, NOW)
     assert plan.action is Action.RECREATE_REPLICAS and plan.delete_pods == ()
@@ -166,7 +147,7 @@ def test_a_preempted_parameter_server_worker_is_recreated_alone():
 
 
 def test_a_preempted_evaluator_is_recreated_without_using_its_restarts():
-    j = job(replicas={"worker": 2, "evaluator": 1}, backoffLimit=0)
+    j = job({"worker": 2, "evaluator": 1}, backoffLimit=0)
     pods = {**running(j), ("evaluator", 0): disrupted("evaluator", 0)}
     plan = decide(j, 1, dict(LAUNCHED), pods, NOW)
     assert plan.action is Action.RECREATE_REPLICAS
@@ -184,22 +165,18 @@ def test_a_deleted_pod_without_disruption_still_counts():
 
 
 def pod(conditions=(), reason=None, phase="Running", deleting=False):
-    meta = {
-        "name": "j-worker-0",
-        "uid": "p0",
-        "ownerReferences": [{"kind": "StrategyJob", "uid": "u", "controller": True}],
-        "labels": {
-            c.LABEL_JOB_NAME: "j",
-            c.LABEL_REPLICA_TYPE: "worker",
-            c.LABEL_REPLICA_INDEX: "0",
-        },
-    }
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T11:59:10Z"
-    status = {"phase": phase, "conditions": list(conditions)}
-    if reason:
-        status["reason"] = reason
-    return {"metadata": meta, "status": status}
+    """worker-0's pod (uid ``p0``), controlled by the job of uid ``u``."""
+    deleted = "2026-01-01T11:59:10Z" if deleting else None
+    return pods.pod(
+        "worker",
+        0,
+        phase,
+        conditions=conditions,
+        reason=reason,
+        uid="p0",
+        owner="u",
+        deleted=deleted,
+    )
 
 
 def test_observe_reads_the_disruption_target_condition():
@@ -241,51 +218,15 @@ def test_pods_get_room_for_a_checkpoint_unless_their_template_says():
 
 
 def test_the_reconciler_creates_pods_with_the_grace_period():
-    manifest = {
-        "apiVersion": "strategyjob.dev/v1alpha1",
-        "kind": "StrategyJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
-        "spec": {
-            "strategy": "MultiWorkerMirroredStrategy",
-            "replicaSpecs": {
-                "chief": {
-                    "template": {
-                        **TEMPLATE,
-                        "spec": {**TEMPLATE["spec"], "terminationGracePeriodSeconds": 7},
-                    }
-                },
-                "worker": {"replicas": 1, "template": TEMPLATE},
-            },
-        },
-    }
-    created: dict[str, dict] = {}
-
-    class Api:
-        job_path = staticmethod(KubeApi.job_path)
-        core_path = staticmethod(KubeApi.core_path)
-        group_path = staticmethod(KubeApi.group_path)
-
-        async def get(self, path):
-            return manifest
-
-        async def list(self, path, selector):
-            return []
-
-        async def create(self, path, obj):
-            created[obj["metadata"]["name"]] = obj
-            return True
-
-        async def merge_patch(self, path, patch):
-            return {}
-
-        async def post_event(self, *args):
-            return None
-
+    manifest = manifests.manifest({"chief": 1, "worker": 1}, policy=None, uid="u", generation=1)
+    chief = manifest["spec"]["replicaSpecs"]["chief"]
+    chief["template"] = {"spec": {**TEMPLATE["spec"], "terminationGracePeriodSeconds": 7}}
+    api = FakeApi(manifest)
     settings = OperatorSettings(termination_grace_seconds=60)
-    reconciler = Reconciler(Api(), settings, clock=lambda: NOW, registry=Registry())
+    reconciler = Reconciler(api, settings, clock=lambda: NOW, registry=Registry())
     asyncio.run(reconciler.reconcile("ns", "j"))
-    assert created["j-worker-0"]["spec"]["terminationGracePeriodSeconds"] == 60
-    assert created["j-chief-0"]["spec"]["terminationGracePeriodSeconds"] == 7
+    assert api.created["j-worker-0"]["spec"]["terminationGracePeriodSeconds"] == 60
+    assert api.created["j-chief-0"]["spec"]["terminationGracePeriodSeconds"] == 7
 
 
 def test_the_restart_attempt_counts_restarts_and_preemptions():

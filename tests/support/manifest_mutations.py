@@ -2,7 +2,7 @@
 (a wrong type, a huge number, a string where a list belongs, an odd key), shared by the
 loader's unit fuzz tests and the integration test that asks the real API server.
 
-Plain module (no pytest fixtures); the operator and integration tests import it by path.
+Plain module (no pytest fixtures), imported as ``tests.support.manifest_mutations``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""Child processes of tests and benchmarks: their environment, and runs that leave nothing
+behind (each in a session of its own, killed whole past its deadline or when the caller
+stops early)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+#: The repository's SDK, first on a child's PYTHONPATH (the code under test, not an install).
+SDK = Path(__file__).resolve().parents[2] / "sdk"
+#: What a cluster (or an outer launcher) sets; a child that is not one of its replicas drops it.
+CLUSTER_ENV = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment without a cluster's variables, with the SDK first on
+    PYTHONPATH and one compute thread (several processes share few cores), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """Kill ``proc`` if it still runs, with its whole session when it leads one (its
+    children too), and reap it."""
+    if proc.poll() is None:
+        try:
+            if os.getsid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+class Outcome(NamedTuple):
+    returncode: int | None
+    output: str
+    timed_out: bool
+
+
+def run_in_session(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> Outcome:
+    """Run ``argv`` in a session of its own, stdout and stderr together; past ``timeout``
+    the session is killed whole (its forked workers too) and ``timed_out`` is set."""
+    proc = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        output, _ = proc.communicate()
+        return Outcome(None, output, True)
+    finally:
+        stop(proc)
+    return Outcome(proc.returncode, output, False)
+
+
+def result_line(output: str, prefix: str = "RESULT ") -> dict[str, Any] | None:
+    """The JSON of the last line of ``output`` that starts with ``prefix``; None if none."""
+    lines = [line for line in output.splitlines() if line.startswith(prefix)]
+    return json.loads(lines[-1][len(prefix) :]) if lines else None
+
+
+def start_strategyjob_run(
+    manifest: Mapping[str, Any], directory: Path, **popen: Any
+) -> subprocess.Popen[Any]:
+    """Write ``manifest`` to ``directory/job.yaml`` and start ``strategyjob run`` on it in a
+    session of its own (:func:`stop` ends it with its replicas), CPU only; ``popen``: where
+    its output goes."""
+    path = directory / "job.yaml"
+    path.write_text(yaml.safe_dump(dict(manifest), sort_keys=False))
+    argv = [sys.executable, "-m", "strategyjob", "run", str(path), "--no-status"]
+    env = child_env(CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen(argv, env=env, start_new_session=True, **popen)
