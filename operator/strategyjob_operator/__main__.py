@@ -3,12 +3,158 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import random
+import sys
+import time
 
+import aiohttp
 import kopf
 
 import strategyjob_operator  # noqa: F401  (registers the handlers)
+from strategyjob_operator import constants as c
+from strategyjob_operator import handlers
+from strategyjob_operator.kube import Credentials
+
+#: Seconds to keep trying an API server that does not answer at startup (``STRATEGYJOB_
+#: STARTUP_SECONDS``): a pod may start before the cluster's network reaches the API server.
+#: Then the operator exits with one line, and the kubelet restarts it with a back-off; 30 s
+#: says so before the chart's liveness probe (10 s delay, 3 failures 10 s apart) would kill it.
+DEFAULT_STARTUP_SECONDS = 30.0
+#: Seconds one startup request may take.
+_ATTEMPT_SECONDS = 10.0
+
+
+class StartupError(Exception):
+    """Why the operator cannot start: one line, saying what to do."""
+
+
+def startup_seconds(value: str) -> float:
+    """``STRATEGYJOB_STARTUP_SECONDS``: how long to wait for the API server at startup."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise StartupError(
+            f"STRATEGYJOB_STARTUP_SECONDS={value!r} is not a positive number of seconds: "
+            f"set it to e.g. {DEFAULT_STARTUP_SECONDS:g}."
+        )
+    return seconds
+
+
+def cluster_credentials() -> Credentials:
+    """The credentials kopf's login will use, loaded once before kopf starts: kopf waits
+    forever for credentials when its login fails, so a bad kubeconfig would hang it."""
+    source = (
+        f"the kubeconfig {os.environ['KUBECONFIG']!r}"
+        if os.environ.get("KUBECONFIG")
+        else "the cluster credentials"
+    )
+    try:
+        info = handlers.connection_info(settings=kopf.OperatorSettings(), logger=handlers.logger)
+        if info is None:
+            raise StartupError(
+                "No cluster credentials: no ServiceAccount token (in a pod) and no kubeconfig "
+                "(KUBECONFIG or ~/.kube/config); set KUBECONFIG to your cluster's kubeconfig."
+            )
+        creds = Credentials.from_kopf(info)
+        for field, path in (
+            ("certificate-authority", creds.ca_path),
+            ("client-certificate", creds.certificate_path),
+            ("client-key", creds.private_key_path),
+        ):
+            if path and not os.path.isfile(path):  # ssl's own error names no file
+                raise StartupError(
+                    f"The {field} file {path!r} named by {source} does not exist: fix the "
+                    f"path, or give the certificate inline as {field}-data."
+                )
+        creds.ssl_context()  # a certificate or key that is bad fails here
+    except StartupError:
+        raise
+    except Exception as e:
+        raise StartupError(
+            f"Cannot use {source}: {handlers.one_line(e)}; fix it (kubectl --kubeconfig=FILE "
+            "get ns must work) or point KUBECONFIG at a working one."
+        ) from None
+    return creds
+
+
+async def check_cluster(creds: Credentials, seconds: float) -> None:
+    """Reach the API server with ``creds``: an unreachable server or one that answers 5xx is
+    tried again for ``seconds``; credentials it refuses, a certificate it cannot prove, or
+    no StrategyJob CRD after ``seconds`` raise :class:`StartupError` naming the fix."""
+    url = f"{creds.server}/apis/{c.GROUP}/{c.VERSION}"
+    deadline = time.monotonic() + seconds
+    delay, last = 0.5, ""
+    async with aiohttp.ClientSession(
+        headers={"Accept": "application/json", **creds.headers()},
+        connector=aiohttp.TCPConnector(ssl=creds.ssl_context()),
+        trust_env=creds.trust_env,
+    ) as session:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                async with session.get(
+                    url,
+                    proxy=creds.proxy_url,
+                    timeout=aiohttp.ClientTimeout(total=max(1.0, min(_ATTEMPT_SECONDS, left))),
+                ) as resp:
+                    status = resp.status
+                    await resp.read()
+            except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as e:
+                raise StartupError(
+                    f"TLS with the API server {creds.server} failed ({handlers.one_line(e)}): "
+                    "set the kubeconfig's certificate-authority(-data) to the cluster's CA."
+                ) from None
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                status, last = 0, handlers.one_line(e) or type(e).__name__
+            if status == 401:
+                raise StartupError(
+                    f"The API server {creds.server} refused the credentials (HTTP 401): the "
+                    "kubeconfig user's token or client certificate is wrong or expired; "
+                    "renew it (kubectl --kubeconfig=FILE get ns must work)."
+                )
+            if status == 403:
+                raise StartupError(
+                    f"The API server {creds.server} forbids these credentials to read "
+                    f"{c.GROUP}/{c.VERSION} (HTTP 403): give the user the operator's RBAC "
+                    "(the Helm chart's ClusterRole)."
+                )
+            if 200 <= status < 300:
+                return
+            if status == 404:
+                last = f"{c.GROUP}/{c.VERSION} is not served"
+            elif status:
+                last = f"HTTP {status}"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(delay, left))  # and once more at the deadline
+            delay = min(delay * 2, 5.0)
+    if last.endswith("is not served"):
+        raise StartupError(
+            f"The API server {creds.server} does not serve StrategyJobs ({last}): install the "
+            "CRD (kubectl apply -f crds/; the Helm chart installs it)."
+        )
+    raise StartupError(
+        f"Cannot reach the API server {creds.server} within {seconds:g}s ({last}): check the "
+        "kubeconfig's server and the network, or wait longer with STRATEGYJOB_STARTUP_SECONDS."
+    )
+
+
+def preflight() -> None:
+    """Exit with one line when the operator cannot work with this cluster (see
+    :func:`check_cluster`), rather than start kopf, which would hang."""
+    try:
+        seconds = startup_seconds(
+            os.environ.get("STRATEGYJOB_STARTUP_SECONDS", f"{DEFAULT_STARTUP_SECONDS:g}")
+        )
+        asyncio.run(check_cluster(cluster_credentials(), seconds))
+    except StartupError as e:
+        sys.exit(f"strategyjob-operator: {e}")
 
 
 def peering_priority(priority: int | None, *, standalone: bool) -> int:
@@ -51,14 +197,22 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    kopf.run(
-        standalone=args.standalone,
-        peering_name=None if args.standalone else args.peering,
-        priority=peering_priority(args.priority, standalone=args.standalone),
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=args.liveness,
-    )
+    preflight()
+    try:
+        kopf.run(
+            stop_flag=handlers.STATE.stop_flag,
+            standalone=args.standalone,
+            peering_name=None if args.standalone else args.peering,
+            priority=peering_priority(args.priority, standalone=args.standalone),
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=args.liveness,
+        )
+    except Exception:
+        if not handlers.STATE.fatal:
+            raise
+    if handlers.STATE.fatal:  # handlers.give_up stopped kopf: say why once more, last
+        sys.exit(f"strategyjob-operator: {handlers.STATE.fatal}")
 
 
 if __name__ == "__main__":

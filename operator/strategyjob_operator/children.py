@@ -74,8 +74,12 @@ def _meta(job: jobspec.StrategyJob, name: str, owner: Mapping[str, Any]) -> dict
 
 
 def service_account_name(job: jobspec.StrategyJob) -> str:
-    """The job's ServiceAccount, Role, RoleBinding and NetworkPolicy share the job's name."""
-    return job.name
+    """``<job>-strategyjob-sa``, the job's ServiceAccount and its RoleBinding: a suffix of
+    its own, so that the loader can refuse a template naming another job's
+    (:data:`strategyjob.jobspec.SERVICE_ACCOUNT_SUFFIX`). The Role and the NetworkPolicy
+    have the job's name. (Jobs created before the suffix keep their pods' ServiceAccount
+    and binding named ``<job>``; pods made after an upgrade get the new pair.)"""
+    return jobspec.service_account_name(job.name)
 
 
 def token_secret_name(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> str:
@@ -108,7 +112,7 @@ def build_role(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[str, 
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _meta(job, service_account_name(job), owner),
+        "metadata": _meta(job, job.name, owner),
         "rules": [
             {
                 "apiGroups": [""],
@@ -126,7 +130,7 @@ def build_role_binding(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> di
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
         "metadata": _meta(job, name, owner),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": job.name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
     }
 
@@ -163,7 +167,7 @@ def build_network_policy(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> 
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _meta(job, service_account_name(job), owner),
+        "metadata": _meta(job, job.name, owner),
         "spec": {
             "podSelector": protected,
             "policyTypes": ["Ingress"],

@@ -9,6 +9,8 @@ reported (bench/bench_operator.py --resync measures the cost)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -30,6 +32,10 @@ logger = logging.getLogger("strategyjob_operator")
 
 #: Longest wait between passes after an unexpected error.
 MAX_ERROR_BACKOFF = 60.0
+#: The finalizer earlier versions put on every StrategyJob (kopf's, for its daemons). None is
+#: needed: a job's children go by garbage collection (owner references) and nothing is due
+#: before a job goes, so ``kubectl delete`` and ``helm uninstall`` never wait for the
+#: operator. kopf still knows its name, to take it off the jobs that carry it.
 FINALIZER = f"{c.GROUP}/operator"
 
 
@@ -40,10 +46,26 @@ class _State:
         self.settings = OperatorSettings()
         self.reconciler: Reconciler | None = None
         self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        #: The uid of the job whose daemon runs, per (namespace, name): the daemon of a job
+        #: that was deleted, or replaced by a namesake, sees it is no longer there and ends.
+        self.daemons: dict[tuple[str, str], str] = {}
         self.metrics_server: Any = None
+        #: Set to stop ``kopf.run`` (see :func:`give_up`); ``__main__`` passes it as stop_flag.
+        self.stop_flag: concurrent.futures.Future[None] = concurrent.futures.Future()
+        #: Why the operator gave up, for ``__main__`` to print once kopf has stopped.
+        self.fatal: str | None = None
 
 
 STATE = _State()
+
+
+def give_up(message: str) -> None:
+    """Stop the operator with ``message``: kopf waits forever for credentials when its login
+    fails, so an operator whose kubeconfig broke would hang without a word."""
+    logger.error(message)
+    STATE.fatal = STATE.fatal or message
+    if not STATE.stop_flag.done():
+        STATE.stop_flag.set_result(None)
 
 
 def _resync_seconds(value: str) -> float | None:
@@ -152,6 +174,11 @@ def connection_info(**kwargs: Any) -> kopf.ConnectionInfo | None:
     info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
     if info is not None and not _authenticates(info):
         info = kopf.login_via_client(**kwargs) or info
+        if not _authenticates(info):  # the client library logs a failed exec plugin, no more
+            raise kopf.LoginError(
+                f"the kubeconfig's user for {info.server} has no credentials, or its exec "
+                "plugin or auth provider gave none (it failed: see the lines above)"
+            )
     return info
 
 
@@ -164,10 +191,10 @@ def _credentials(kwargs: dict[str, Any]) -> Credentials | None:
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """kopf's own login; the reconciler's client reuses the same credentials, and logs in
     the same way again when the API server refuses them (an expired token)."""
-    info = connection_info(**kwargs)
-    if info is None:
-        return None
     try:
+        info = connection_info(**kwargs)
+        if info is None:
+            return None
         creds = Credentials.from_kopf(info)
         if STATE.reconciler is None:
             api = KubeApi(
@@ -178,9 +205,19 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             STATE.reconciler = Reconciler(api, STATE.settings)
         else:  # kopf logs in again when its own requests are refused
             STATE.reconciler.api.use(creds)
-    except (ValueError, OSError) as e:  # a bad kubeconfig (ssl.SSLError too): final
-        raise kopf.PermanentError(f"Cannot use the cluster credentials: {e}") from e
+    except Exception as e:  # a kubeconfig or exec plugin broken since startup: final
+        message = f"Cannot use the cluster credentials: {one_line(e)}"
+        give_up(message)
+        raise kopf.PermanentError(message) from e
     return info
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line: its type when its text says nothing on its own."""
+    text = " ".join(str(error).split())
+    if isinstance(error, KeyError) or not text:
+        return f"{type(error).__name__} {text}".strip()
+    return text
 
 
 @kopf.on.cleanup()
@@ -214,15 +251,23 @@ async def pod_changed(namespace: str, labels: dict[str, str], meta: Any, **_: An
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-async def job_changed(namespace: str, name: str, **_: Any) -> None:
+async def job_changed(namespace: str, name: str, uid: str, type: str, **_: Any) -> None:
+    if type == "DELETED" and STATE.daemons.get((namespace, name)) == uid:
+        del STATE.daemons[(namespace, name)]  # its daemon ends (no finalizer makes kopf stop it)
     wake(namespace, name)
 
 
 @kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=1.0)
-async def run_job(namespace: str, name: str, stopped: Any, **_: Any) -> None:
-    """The job's reconcile loop, alive while the job exists (and this replica leads)."""
+async def run_job(namespace: str, name: str, uid: str, stopped: Any, **_: Any) -> None:
+    """The job's reconcile loop, alive while the job exists (and this replica leads). It
+    ends itself when the job is deleted: kopf stops a daemon only for an object that has
+    its finalizer, and StrategyJobs carry none (:func:`no_finalizer_for_daemons`)."""
     key = (namespace, name)
-    event = STATE.wakeups.setdefault(key, asyncio.Event())
+    STATE.daemons[key] = uid  # a namesake's older daemon sees it and ends, once woken:
+    older = STATE.wakeups.get(key)
+    if older is not None:
+        older.set()
+    event = STATE.wakeups[key] = asyncio.Event()
     event.set()
     delay: float | None = None
     errors = 0
@@ -233,6 +278,8 @@ async def run_job(namespace: str, name: str, stopped: Any, **_: Any) -> None:
                 await asyncio.wait_for(event.wait(), timeout=delay)
             except TimeoutError:
                 timed = True
+            if STATE.daemons.get(key) != uid:  # deleted, or replaced by a namesake
+                return
             event.clear()
             reconciler = STATE.reconciler
             if reconciler is None:  # not logged in yet
@@ -255,4 +302,22 @@ async def run_job(namespace: str, name: str, stopped: Any, **_: Any) -> None:
                 )
             await asyncio.sleep(STATE.settings.min_reconcile_interval)
     finally:
-        STATE.wakeups.pop(key, None)
+        if STATE.daemons.get(key) == uid:
+            del STATE.daemons[key]
+        if STATE.wakeups.get(key) is event:  # else it is a namesake's daemon's
+            del STATE.wakeups[key]
+
+
+def no_finalizer_for_daemons(registry: Any = None) -> None:
+    """kopf puts its finalizer on every object that a daemon serves, so that it can stop the
+    daemon before the object goes: then ``kubectl delete`` of a StrategyJob hangs while the
+    operator is down or uninstalled. :func:`run_job` ends itself instead, and the jobs'
+    children go by garbage collection, so the daemon is registered as needing none; kopf
+    then also takes the finalizer off jobs that earlier versions gave one (the upgrade)."""
+    spawning = (registry or kopf.get_default_registry())._spawning
+    for i, handler in enumerate(spawning._handlers):
+        if handler.requires_finalizer:
+            spawning._handlers[i] = dataclasses.replace(handler, requires_finalizer=False)
+
+
+no_finalizer_for_daemons()

@@ -102,9 +102,11 @@ CALLS: list[Call] = [
             "get": "reconcile.Reconciler._reconcile: api.get(job_path) at the start of a pass",
             "list": "kopf: the watch stream's initial listing (@kopf.on.event, @kopf.daemon)",
             "watch": "kopf: the StrategyJob watch stream",
-            "patch": "kopf: the finalizer strategyjob.dev/operator and its handler state",
+            "patch": "kopf: takes off the finalizer strategyjob.dev/operator that earlier "
+            "versions put on every job (handlers.no_finalizer_for_daemons)",
             "delete": "reconcile: plan.delete_job when ttlSecondsAfterFinished has passed",
         },
+        only_when={"patch": "a job made under an earlier version carries its finalizer"},
     ),
     *_calls(
         SJ,

@@ -2,7 +2,8 @@
 
 - a job whose template names another job's token Secret is failed with a condition and an
   Event naming the field, and none of its pods is created (its pods would hold the other
-  job's token and pass as that job's replicas to its servers);
+  job's token and pass as that job's replicas to its servers); so is one whose pods would
+  run as the ServiceAccount the operator made for another job (and so get its rights);
 - pods get the restricted securityContext by default: the API server's own Pod Security
   admission, enforcing the ``restricted`` profile on the namespace, admits them; what a
   template sets wins, field by field;
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -35,23 +37,35 @@ def secret_exists(kube, name: str) -> bool:
     return True
 
 
-def test_a_job_naming_another_jobs_token_is_failed_and_gets_no_pods(kube, operator):
+@pytest.mark.parametrize("containers", ["containers", "initContainers"])
+def test_a_job_naming_another_jobs_token_is_failed_and_gets_no_pods(kube, operator, containers):
+    """In a container's env the CRD refuses it at once; in an init container's (which the
+    CRD's rules leave to the loader) the operator fails the job."""
     victim = kube.create_job(manifest("victim", "MultiWorkerMirroredStrategy", {"worker": 1}))
     token_secret = f"victim-{victim['metadata']['uid']}-strategyjob-token"
     wait_for("the victim's token Secret", lambda: secret_exists(kube, token_secret))
 
     thief = manifest("thief", "MultiWorkerMirroredStrategy", {"worker": 2})
-    _containers(thief)[0]["env"] = [
+    stolen = [
         {"name": "STOLEN", "valueFrom": {"secretKeyRef": {"name": token_secret, "key": "token"}}}
     ]
+    pod_spec = thief["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    if containers == "containers":
+        _containers(thief)[0]["env"] = stolen
+    else:
+        pod_spec["initContainers"] = [{"name": "init", "image": "busybox", "env": stolen}]
     field = (
-        "spec.replicaSpecs.worker.template.spec.containers[0].env[0].valueFrom.secretKeyRef.name"
+        f"spec.replicaSpecs.worker.template.spec.{containers}[0].env[0].valueFrom.secretKeyRef.name"
     )
     try:
         kube.create_job(thief)
-    except ApiException as e:  # a CRD rule that refuses it up front does as well
-        assert e.status == 422 and "strategyjob-token" in e.body, e.body
+    except ApiException as e:  # the CRD's rule, in the loader's words
+        assert containers == "containers" and e.status == 422, e.body
+        message = json.loads(e.body)["message"]
+        assert f'{field}: Invalid value: names "{token_secret}", the token Secret' in message
+        assert kube.job("thief") is None
         return
+    assert containers == "initContainers"
     failed = kube.wait_condition("thief", "Failed")
     assert failed["reason"] == "InvalidSpec"
     assert failed["message"].startswith(f'{field}: names "{token_secret}", the token Secret')
@@ -60,6 +74,174 @@ def test_a_job_naming_another_jobs_token_is_failed_and_gets_no_pods(kube, operat
     assert kube.pods("thief") == {}
     # the victim is untouched and keeps running
     assert list(kube.pods("victim")) == ["victim-worker-0"]
+
+
+def service_account_exists(kube, name: str) -> bool:
+    try:
+        kube.core.read_namespaced_service_account(name, kube.ns)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+@pytest.mark.parametrize("field", ["serviceAccountName", "serviceAccount"])
+def test_a_job_running_as_another_jobs_service_account_is_failed_and_gets_no_pods(
+    kube, operator, field
+):
+    """The ServiceAccount the operator made for job "victim" is bound to that job's Role: a
+    job whose pods ran as it could patch the victim's leader pod. ``serviceAccount`` (the
+    deprecated alias) is left to the loader; ``serviceAccountName`` the CRD refuses first."""
+    kube.create_job(manifest("victim", "MultiWorkerMirroredStrategy", {"worker": 1}))
+    account = "victim-strategyjob-sa"
+    wait_for("the victim's ServiceAccount", lambda: service_account_exists(kube, account))
+
+    thief = manifest("thief", "MultiWorkerMirroredStrategy", {"worker": 2})
+    thief["spec"]["replicaSpecs"]["worker"]["template"]["spec"][field] = account
+    path = f"spec.replicaSpecs.worker.template.spec.{field}"
+    words = f'names "{account}", the ServiceAccount the operator made for another StrategyJob'
+    try:
+        kube.create_job(thief)
+    except ApiException as e:  # the CRD's rule, in the loader's words
+        assert field == "serviceAccountName" and e.status == 422, e.body
+        message = json.loads(e.body)["message"]
+        assert f"{path}: Invalid value: {words}" in message, message
+        assert kube.job("thief") is None
+        return
+    failed = kube.wait_condition("thief", "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"].startswith(f"{path}: {words}"), failed["message"]
+    kube.wait_events("thief", "InvalidSpec")
+    assert kube.pods("thief") == {}
+    assert list(kube.pods("victim")) == ["victim-worker-0"]
+    pod = kube.core.read_namespaced_pod("victim-worker-0", kube.ns)
+    assert pod.spec.service_account_name == account
+
+
+TOKEN_WORDS = (
+    "the token Secret of another StrategyJob; a job's pods get only their own token (the "
+    "operator injects it as STRATEGYJOB_TOKEN). Remove the reference, or use a Secret whose "
+    "name does not end in -strategyjob-token."
+)
+SA_WORDS = (
+    "the ServiceAccount the operator made for another StrategyJob (bound to that job's Role); "
+    "a job's pods run as their own. Remove serviceAccountName, or name a ServiceAccount of "
+    "your own whose name does not end in -strategyjob-sa."
+)
+TOKEN = "victim-0000-strategyjob-token"
+CEL_REFUSES = [
+    (
+        {
+            "containers": [
+                {
+                    "name": "c",
+                    "env": [
+                        {
+                            "name": "T",
+                            "valueFrom": {"secretKeyRef": {"name": TOKEN, "key": "token"}},
+                        }
+                    ],
+                }
+            ]
+        },
+        "containers[0].env[0].valueFrom.secretKeyRef.name",
+        TOKEN,
+        TOKEN_WORDS,
+    ),
+    (
+        {"containers": [{"name": "c", "envFrom": [{"secretRef": {"name": TOKEN}}]}]},
+        "containers[0].envFrom[0].secretRef.name",
+        TOKEN,
+        TOKEN_WORDS,
+    ),
+    (
+        {
+            "containers": [{"name": "c"}],
+            "volumes": [{"name": "v", "secret": {"secretName": TOKEN}}],
+        },
+        "volumes[0].secret.secretName",
+        TOKEN,
+        TOKEN_WORDS,
+    ),
+    (
+        {
+            "containers": [{"name": "c"}],
+            "volumes": [
+                {
+                    "name": "v",
+                    "projected": {
+                        "sources": [{"configMap": {"name": "cm"}}, {"secret": {"name": TOKEN}}]
+                    },
+                }
+            ],
+        },
+        "volumes[0].projected.sources[1].secret.name",
+        TOKEN,
+        TOKEN_WORDS,
+    ),
+    (
+        {"serviceAccountName": "victim-strategyjob-sa", "containers": [{"name": "c"}]},
+        "serviceAccountName",
+        "victim-strategyjob-sa",
+        SA_WORDS,
+    ),
+]
+
+
+def _dry_run(kube, name: str, pod_spec: dict[str, Any], replica_type: str = "worker"):
+    job = manifest(name, "MultiWorkerMirroredStrategy", {replica_type: 1})
+    job["spec"]["replicaSpecs"][replica_type]["template"]["spec"] = pod_spec
+    return kube.custom.create_namespaced_custom_object(
+        "strategyjob.dev", "v1alpha1", kube.ns, "strategyjobs", job, dry_run="All"
+    )
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "field", "value", "words"), CEL_REFUSES, ids=[c[1] for c in CEL_REFUSES]
+)
+def test_the_crd_refuses_another_jobs_token_or_service_account_at_apply(
+    kube, pod_spec, field, value, words
+):
+    """``kubectl apply`` (a server-side dry run here) is refused at once, naming the field,
+    in the loader's words; the loader refuses the same manifest alike."""
+    from strategyjob import jobspec
+
+    replica_type = "chief" if field == "serviceAccountName" else "worker"
+    with pytest.raises(ApiException) as refused:
+        _dry_run(kube, "thief", pod_spec, replica_type)
+    body = json.loads(refused.value.body)
+    assert refused.value.status == 422, body
+    path = f"spec.replicaSpecs.{replica_type}.template.spec.{field}"
+    causes = {c["field"]: c["message"] for c in body["details"]["causes"]}
+    assert path in causes, causes
+    assert causes[path].endswith(f'names "{value}", {words}'), causes[path]
+    job = manifest("thief", "MultiWorkerMirroredStrategy", {replica_type: 1})
+    job["spec"]["replicaSpecs"][replica_type]["template"]["spec"] = pod_spec
+    with pytest.raises(jobspec.ManifestError) as caught:
+        jobspec.load_manifest(job)
+    assert caught.value.problems == [f'{path}: names "{value}", {words}']
+
+
+def test_the_crd_admits_a_jobs_own_service_account_and_users_own_secrets(kube):
+    pod_spec = {
+        "serviceAccountName": "mine-strategyjob-sa",
+        "containers": [
+            {
+                "name": "c",
+                "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "hf-token"}}}],
+                "envFrom": [{"secretRef": {"name": "wandb"}}, {"configMapRef": {"name": "x"}}],
+            }
+        ],
+        "volumes": [
+            {"name": "s", "secret": {"secretName": "creds"}},
+            {"name": "p", "projected": {"sources": [{"secret": {"name": "strategyjob-token"}}]}},
+        ],
+    }
+    stored = _dry_run(kube, "mine", pod_spec)
+    assert stored["spec"]["replicaSpecs"]["worker"]["template"]["spec"] == pod_spec
+    mine = {"serviceAccountName": "trainer", "containers": [{"name": "c"}]}
+    assert _dry_run(kube, "other", mine)
 
 
 RESTRICTED = "pod-security.kubernetes.io/enforce"

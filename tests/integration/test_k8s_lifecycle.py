@@ -292,7 +292,10 @@ def test_a_job_created_again_before_its_old_children_are_gone_gets_its_own(kube,
             "Secret",
             lambda: kube.core.read_namespaced_secret(f"again-{new_uid}-strategyjob-token", kube.ns),
         ),
-        ("ServiceAccount", lambda: kube.core.read_namespaced_service_account("again", kube.ns)),
+        (
+            "ServiceAccount",
+            lambda: kube.core.read_namespaced_service_account("again-strategyjob-sa", kube.ns),
+        ),
     ]:
         wait_for(f"the new job's {what}", lambda read=read: owner(read) == new_uid, timeout=60)
     for pod in pods:

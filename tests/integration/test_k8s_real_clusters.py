@@ -24,7 +24,7 @@ from control_plane import REPO_ROOT, ControlPlane, find_binaries
 from integration_harness import Kube, OperatorProcess, manifest, wait_for
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "helm"))
-from helm_harness import Helm, helm_binary, wait_until_authorized, write_token_kubeconfig
+from helm_harness import chart_account, helm_binary
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -448,9 +448,6 @@ def test_a_service_with_the_jobs_name_blocks_its_pods_and_is_named(kube: Kube) -
     wait_for("the condition gone", lambda: _condition(kube, "svc", REPLICA_FAILURE) is None)
 
 
-RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
-
-
 @pytest.mark.timeout(180)
 def test_the_charts_rbac_creates_children_under_owner_reference_enforcement(
     cluster: Cluster, tmp_path: Path
@@ -466,21 +463,18 @@ def test_the_charts_rbac_creates_children_under_owner_reference_enforcement(
     watched, system = f"owner-{suffix}", f"owner-system-{suffix}"
     cp.kubectl("create", "namespace", watched)
     cp.kubectl("create", "namespace", system)
-    docs = Helm(binary, tmp_path / "helm").render(
-        "--set",
-        f"watchNamespaces={{{watched}}}",
-        "--set",
-        "rbac.aggregateToDefaultRoles=false",
-        release=f"own{suffix}",
-        namespace=system,
-    )
-    rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
-    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
-    (account,) = [d["metadata"]["name"] for d in rbac if d["kind"] == "ServiceAccount"]
-    token = cp.kubectl("create", "token", account, "-n", system, "--duration=1h").stdout.strip()
-    kubeconfig = write_token_kubeconfig(cp, token, tmp_path / "sa-kubeconfig")
-    wait_until_authorized(cp, f"system:serviceaccount:{system}:{account}", watched)
+    try:
+        with chart_account(
+            cp, binary, tmp_path, watched=watched, system=system, release=f"own{suffix}"
+        ) as account:
+            _owner_references_enforced(cp, watched, account.kubeconfig)
+    finally:
+        cp.kubectl("delete", "namespace", watched, system, "--wait=false", check=False)
 
+
+def _owner_references_enforced(cp: ControlPlane, watched: str, kubeconfig: Path) -> None:
+    """The operator with ``kubeconfig`` creates a job's children with blockOwnerDeletion, and
+    an account without ``strategyjobs/finalizers`` cannot."""
     op = OperatorProcess(cp, "--standalone", "-n", watched, env={"KUBECONFIG": str(kubeconfig)})
     kube = Kube(cp, watched)
     try:
@@ -527,7 +521,6 @@ def test_the_charts_rbac_creates_children_under_owner_reference_enforcement(
     finally:
         op.stop()
         kube.api_client.close()
-        cp.kubectl("delete", "namespace", watched, system, "--wait=false", check=False)
 
 
 def job_owner_refs(kube: Kube, name: str) -> list[dict[str, Any]]:

@@ -97,9 +97,9 @@ def test_each_job_gets_owned_security_objects_and_its_pods_use_them(kube, operat
     uid = job["metadata"]["uid"]
     pods = kube.wait_pods("sec", 3)
 
-    sa = wait_for("ServiceAccount", lambda: get(kube, "serviceaccount", "sec"))
+    sa = wait_for("ServiceAccount", lambda: get(kube, "serviceaccount", "sec-strategyjob-sa"))
     role = wait_for("Role", lambda: get(kube, "role", "sec"))
-    binding = wait_for("RoleBinding", lambda: get(kube, "rolebinding", "sec"))
+    binding = wait_for("RoleBinding", lambda: get(kube, "rolebinding", "sec-strategyjob-sa"))
     token_secret = f"sec-{uid}-strategyjob-token"
     secret = wait_for("Secret", lambda: get(kube, "secret", token_secret))
     policy = wait_for("NetworkPolicy", lambda: get(kube, "networkpolicy", "sec"))
@@ -114,7 +114,9 @@ def test_each_job_gets_owned_security_objects_and_its_pods_use_them(kube, operat
         }
     ]
     assert binding["roleRef"]["name"] == "sec"
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sec", "namespace": kube.ns}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "sec-strategyjob-sa", "namespace": kube.ns}
+    ]
     assert len(secret["data"]["token"]) >= 40  # base64 of 32 random bytes, url-safe
     same_job = {"matchLabels": {"strategyjob.dev/job-name": "sec"}}
     assert policy["spec"]["podSelector"] == same_job
@@ -123,7 +125,7 @@ def test_each_job_gets_owned_security_objects_and_its_pods_use_them(kube, operat
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": this_job}]}]
 
     for pod in pods.values():
-        assert pod.spec.service_account_name == "sec"
+        assert pod.spec.service_account_name == "sec-strategyjob-sa"
         (token,) = [e for e in pod.spec.containers[0].env if e.name == "STRATEGYJOB_TOKEN"]
         assert token.value is None
         assert (token.value_from.secret_key_ref.name, token.value_from.secret_key_ref.key) == (
@@ -135,9 +137,9 @@ def test_each_job_gets_owned_security_objects_and_its_pods_use_them(kube, operat
 
     kube.delete_job("sec")  # the garbage collector takes them with the job
     for resource, name in [
-        ("serviceaccount", "sec"),
+        ("serviceaccount", "sec-strategyjob-sa"),
         ("role", "sec"),
-        ("rolebinding", "sec"),
+        ("rolebinding", "sec-strategyjob-sa"),
         ("secret", token_secret),
         ("networkpolicy", "sec"),
     ]:
@@ -151,8 +153,8 @@ def test_report_with_the_jobs_token_reaches_the_status_and_nothing_else(kube, op
     kube.create_job(manifest("other", "MultiWorkerMirroredStrategy", {"worker": 1}))
     kube.wait_pods("prog", 2)
     kube.wait_pods("other", 1)
-    wait_for("prog's RoleBinding", lambda: get(kube, "rolebinding", "prog"))
-    sa = service_account_dir(kube, tmp_path, "prog")
+    wait_for("prog's RoleBinding", lambda: get(kube, "rolebinding", "prog-strategyjob-sa"))
+    sa = service_account_dir(kube, tmp_path, "prog-strategyjob-sa")
 
     # two reports in one process: the first at once, the second (rate-limited) at exit
     done = report_as_leader(
@@ -196,7 +198,7 @@ def test_report_with_the_jobs_token_reaches_the_status_and_nothing_else(kube, op
             resource,
             "-n",
             kube.ns,
-            f"--as=system:serviceaccount:{kube.ns}:prog",
+            f"--as=system:serviceaccount:{kube.ns}:prog-strategyjob-sa",
             check=False,
         )
         assert allowed.stdout.strip() == "no", (verb, resource)

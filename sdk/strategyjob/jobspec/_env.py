@@ -36,6 +36,10 @@ TOKEN_SECRET_KEY = "token"
 #: has a reason to use, so that the loader can refuse a template that names another job's
 #: token (its pods would then pass as that job's replicas to its servers).
 TOKEN_SECRET_SUFFIX = "-strategyjob-token"
+#: Every job's ServiceAccount (the operator's, bound to the job's Role) is named ``<job>`` +
+#: this suffix, so that the loader can refuse a template that names another job's (its pods
+#: would then hold that job's rights). A user's own ServiceAccount stays allowed.
+SERVICE_ACCOUNT_SUFFIX = "-strategyjob-sa"
 #: Under ``strategyjob run``: the file the leader's ``strategyjob.report`` appends to.
 ENV_PROGRESS_FILE = "STRATEGYJOB_PROGRESS_FILE"
 
@@ -53,6 +57,16 @@ def token_secret_name(job_name: str, job_uid: str) -> str:
 def is_token_secret_name(name: str) -> bool:
     """Whether ``name`` is the name of some StrategyJob's token Secret."""
     return name.endswith(TOKEN_SECRET_SUFFIX) and len(name) > len(TOKEN_SECRET_SUFFIX)
+
+
+def service_account_name(job_name: str) -> str:
+    """The ServiceAccount the operator makes for job ``job_name`` (and its RoleBinding)."""
+    return f"{job_name}{SERVICE_ACCOUNT_SUFFIX}"
+
+
+def is_service_account_name(name: str) -> bool:
+    """Whether ``name`` is the name of some StrategyJob's operator-made ServiceAccount."""
+    return name.endswith(SERVICE_ACCOUNT_SUFFIX) and len(name) > len(SERVICE_ACCOUNT_SUFFIX)
 
 
 def leader(job: StrategyJob) -> tuple[str, int]:

@@ -10,7 +10,14 @@ from typing import Any
 
 from strategyjob.errors import StrategyJobError
 from strategyjob.jobspec import _messages as msg
-from strategyjob.jobspec._env import TOKEN_SECRET_SUFFIX, is_token_secret_name, token_secret_name
+from strategyjob.jobspec._env import (
+    SERVICE_ACCOUNT_SUFFIX,
+    TOKEN_SECRET_SUFFIX,
+    is_service_account_name,
+    is_token_secret_name,
+    service_account_name,
+    token_secret_name,
+)
 from strategyjob.jobspec._model import (
     API_VERSION,
     CLEAN_POD_POLICIES,
@@ -212,6 +219,7 @@ def load_manifest(obj: Any) -> StrategyJob:
     if replica_specs and counts_ok:
         _check_job_size(check, name, replica_specs)
     _check_token_secret_refs(check, name, metadata.get("uid"), replica_specs)
+    _check_service_account_refs(check, name, replica_specs)
     total = sum(r.replicas for r in replica_specs.values())
     min_available = run_policy.scheduling_policy.min_available
     if min_available is not None and replica_specs and min_available > total:
@@ -597,6 +605,34 @@ def _check_token_secret_refs(
         for where, secret in found.items():
             if secret != own and is_token_secret_name(secret):
                 check.add(OTHER_JOBS_TOKEN, secret, path=where, suffix=TOKEN_SECRET_SUFFIX)
+
+
+#: A template naming another job's ServiceAccount (its pods would get that job's rights).
+OTHER_JOBS_SERVICE_ACCOUNT = (
+    "{path}: names {value}, the ServiceAccount the operator made for another StrategyJob "
+    "(bound to that job's Role); a job's pods run as their own. Remove serviceAccountName, "
+    "or name a ServiceAccount of your own whose name does not end in {suffix}."
+)
+
+
+def _check_service_account_refs(
+    check: _Checker, name: str | None, specs: Mapping[str, ReplicaSpec]
+) -> None:
+    """Refuse templates that run as another job's ServiceAccount (``serviceAccountName``, or
+    its deprecated alias ``serviceAccount``): the pods would get that job's rights (patching
+    its leader's pod). The job's own, and any ServiceAccount of the user's, are allowed."""
+    own = service_account_name(name) if name else None
+    for replica_type, spec in specs.items():
+        pod_spec = spec.template.get("spec")
+        if not isinstance(pod_spec, Mapping):
+            continue
+        for field in ("serviceAccountName", "serviceAccount"):
+            account = pod_spec.get(field)
+            if isinstance(account, str) and account != own and is_service_account_name(account):
+                where = f"spec.replicaSpecs.{replica_type}.template.spec.{field}"
+                check.add(
+                    OTHER_JOBS_SERVICE_ACCOUNT, account, path=where, suffix=SERVICE_ACCOUNT_SUFFIX
+                )
 
 
 def _plain(value: Any) -> Any:

@@ -80,7 +80,7 @@ def test_pod_is_named_addressed_labelled_and_owned():
             "valueFrom": {"secretKeyRef": {"name": "mnist-u-1-strategyjob-token", "key": "token"}},
         }
     ]
-    assert pod["spec"]["serviceAccountName"] == "mnist"
+    assert pod["spec"]["serviceAccountName"] == "mnist-strategyjob-sa"
     assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 2222
 
@@ -123,7 +123,9 @@ def test_security_objects_are_owned_and_least_privilege():
         assert obj["metadata"]["ownerReferences"] == [owner]
         assert obj["metadata"]["namespace"] == "ml"
         assert obj["metadata"]["labels"] == {c.LABEL_JOB_NAME: "mnist"}
-    assert sa["metadata"]["name"] == "mnist"
+    # the ServiceAccount and its binding carry a suffix the loader refuses in other jobs
+    assert sa["metadata"]["name"] == binding["metadata"]["name"] == "mnist-strategyjob-sa"
+    assert role["metadata"]["name"] == policy["metadata"]["name"] == "mnist"
     # only get and patch, only on the leader's pod (the chief here)
     assert role["rules"] == [
         {
@@ -138,7 +140,9 @@ def test_security_objects_are_owned_and_least_privilege():
         "kind": "Role",
         "name": "mnist",
     }
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mnist", "namespace": "ml"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "mnist-strategyjob-sa", "namespace": "ml"}
+    ]
     assert secret["metadata"]["name"] == "mnist-u-1-strategyjob-token"
     assert secret["stringData"] == {"token": "t0ken"}
     same_job = {"matchLabels": {c.LABEL_JOB_NAME: "mnist"}}

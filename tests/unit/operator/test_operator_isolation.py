@@ -1,7 +1,8 @@
 """Isolation between jobs in one namespace, in the pure code: a template may not name another
-job's token Secret (refused by the loader, so the operator fails the job instead of creating
-its pods); pods get a restricted securityContext wherever the template leaves a field unset;
-the NetworkPolicy admits only pods that carry the job's uid too."""
+job's token Secret or the ServiceAccount the operator made for another job (refused by the
+loader, so the operator fails the job instead of creating its pods); pods get a restricted
+securityContext wherever the template leaves a field unset; the NetworkPolicy admits only
+pods that carry the job's uid too."""
 
 from __future__ import annotations
 
@@ -114,6 +115,50 @@ def test_every_reference_is_reported_once():
     assert all(p.count("\n") == 0 for p in caught.value.problems)
 
 
+# --- ServiceAccounts ------------------------------------------------------------------------
+
+SA_OF_OTHER = "other-strategyjob-sa"
+
+
+@pytest.mark.parametrize("field", ["serviceAccountName", "serviceAccount"])
+def test_the_loader_refuses_another_jobs_service_account_with_one_line(field):
+    """The operator's ServiceAccount of job "other" is bound to that job's Role: pods running
+    as it could patch that job's leader pod."""
+    with pytest.raises(jobspec.ManifestError) as caught:
+        jobspec.load_manifest(manifest({field: SA_OF_OTHER, "containers": [container()]}))
+    assert caught.value.problems == [
+        f'{SPEC}.{field}: names "{SA_OF_OTHER}", the ServiceAccount the operator made for '
+        "another StrategyJob (bound to that job's Role); a job's pods run as their own. "
+        "Remove serviceAccountName, or name a ServiceAccount of your own whose name does not "
+        "end in -strategyjob-sa."
+    ]
+
+
+def test_the_jobs_own_and_users_service_accounts_are_accepted():
+    for account in ("mine-strategyjob-sa", "trainer", "other", "strategyjob-sa"):
+        job = jobspec.load_manifest(
+            manifest({"serviceAccountName": account, "containers": [container()]})
+        )
+        pod = children.build_pod(job, "worker", 0, OWNER, jobspec.cluster_for_kubernetes(job))
+        assert pod["spec"]["serviceAccountName"] == account
+
+
+def test_the_operators_service_account_has_the_suffix_the_loader_refuses_in_other_jobs():
+    job = jobspec.load_manifest(manifest({"containers": [container()]}))
+    sa = children.build_service_account(job, OWNER)["metadata"]["name"]
+    assert sa == "mine-strategyjob-sa" == jobspec.service_account_name("mine")
+    assert sa.endswith(jobspec.SERVICE_ACCOUNT_SUFFIX)
+    pod = children.build_pod(job, "worker", 0, OWNER, jobspec.cluster_for_kubernetes(job))
+    assert pod["spec"]["serviceAccountName"] == sa
+    binding = children.build_role_binding(job, OWNER)
+    assert binding["subjects"][0]["name"] == sa
+    assert binding["roleRef"]["name"] == children.build_role(job, OWNER)["metadata"]["name"]
+    # as another job's template, it is refused
+    other = manifest({"serviceAccountName": sa, "containers": [container()]}, name="thief")
+    with pytest.raises(jobspec.ManifestError):
+        jobspec.load_manifest(other)
+
+
 class RecordingApi:
     """The API client's surface the reconciler uses, recording calls."""
 
@@ -158,6 +203,17 @@ def test_the_operator_fails_such_a_job_with_a_condition_and_an_event_and_creates
     assert failed[0]["reason"] == c.REASON_INVALID_SPEC
     assert TOKEN_OF_OTHER in failed[0]["message"] and "secretKeyRef.name" in failed[0]["message"]
     assert [(t, r) for t, r, _ in api.events] == [("Warning", c.REASON_INVALID_SPEC)]
+
+
+def test_the_operator_fails_a_job_running_as_another_jobs_service_account_and_creates_nothing():
+    pod_spec = {"serviceAccountName": SA_OF_OTHER, "containers": [container()]}
+    api = RecordingApi(manifest(pod_spec))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    asyncio.run(Reconciler(api, clock=lambda: now, registry=Registry()).reconcile("ns", "mine"))
+    assert not [call for call in api.calls if call[0] == "create"]
+    failed = [x for x in api.job["status"]["conditions"] if x["type"] == c.FAILED]
+    assert failed[0]["reason"] == c.REASON_INVALID_SPEC
+    assert failed[0]["message"].startswith(f'{SPEC}.serviceAccountName: names "{SA_OF_OTHER}"')
 
 
 # --- securityContext defaults ------------------------------------------------------------------
@@ -316,3 +372,29 @@ def test_the_examples_root_init_container_still_runs_as_root():
     assert init["runAsUser"] == 0 and init["capabilities"] == {"drop": ["ALL"]}
     assert "runAsNonRoot" not in init
     assert spec["containers"][0]["securityContext"]["runAsNonRoot"] is True  # the others
+
+
+# --- the CRD's rules ---------------------------------------------------------------------------
+
+
+def test_the_crds_rules_say_what_the_loader_says():
+    """``kubectl apply`` refuses another job's token or ServiceAccount in the loader's words
+    (the API server names the field; the rules sit where CEL's cost budget allows them)."""
+    from pathlib import Path
+
+    import yaml
+    from strategyjob.jobspec import _load
+
+    crd = Path(__file__).resolve().parents[3] / "crds" / "strategyjob.dev_strategyjobs.yaml"
+    text = " ".join(crd.read_text().split())
+    for template, suffix in (
+        (_load.OTHER_JOBS_TOKEN, jobspec.TOKEN_SECRET_SUFFIX),
+        (_load.OTHER_JOBS_SERVICE_ACCOUNT, jobspec.SERVICE_ACCOUNT_SUFFIX),
+    ):
+        words = template.partition("{value}, ")[2].replace("{suffix}", suffix)
+        assert words in text, words
+        assert f"endsWith('{suffix}')" in text
+    schema = yaml.safe_load(crd.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    paths = [r.get("fieldPath") for r in schema["x-kubernetes-validations"]]
+    for replica_type in jobspec.REPLICA_TYPES:
+        assert f".spec.replicaSpecs.{replica_type}.template.spec.serviceAccountName" in paths

@@ -92,9 +92,9 @@ def test_first_pass_creates_service_and_pods_then_writes_status_once_then_events
     assert api.calls == [
         # the job's Service and security objects first (pods reference the last two)
         ("create", "Service", "j"),
-        ("create", "ServiceAccount", "j"),
+        ("create", "ServiceAccount", "j-strategyjob-sa"),
         ("create", "Role", "j"),
-        ("create", "RoleBinding", "j"),
+        ("create", "RoleBinding", "j-strategyjob-sa"),
         ("create", "Secret", "j-u-strategyjob-token"),
         ("create", "NetworkPolicy", "j"),
         ("create", "Pod", "j-worker-0"),
