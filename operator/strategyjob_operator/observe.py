@@ -138,6 +138,18 @@ def _any_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
+def _every_container_terminated(pod: Mapping[str, Any]) -> bool:
+    """Whether every container of the pod's spec has terminated: the pod is over (its
+    ``restartPolicy`` is Never), though a real kubelet writes the containers' states a few
+    seconds before it moves the phase from Running (no sidecar keeps it running then)."""
+    names = [
+        x.get("name")
+        for x in (pod.get("spec") or {}).get("containers") or []
+        if isinstance(x, Mapping)
+    ]
+    return bool(names) and all(_terminated(_container_status(pod, str(n))) for n in names)
+
+
 def _stuck(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     """``(reason, message)`` when the pod cannot start without help: a container waiting
     for an image or config that will not come, or no node that can take the pod."""
@@ -200,6 +212,8 @@ def replica_from_pod(pod: Mapping[str, Any], training_container_name: str) -> Re
     phase = pod_phase
     if isinstance(code, int) and not isinstance(code, bool):
         phase = "Succeeded" if code == 0 else "Failed"
+        if pod_phase == "Running" and _every_container_terminated(pod):
+            pod_phase = phase  # finished: cleanPodPolicy Running must not delete it
     elif pod_phase == "Failed" and not terminated:
         terminated = _any_terminated(pod)
     exit_code = terminated.get("exitCode") if phase == "Failed" else None
