@@ -69,13 +69,18 @@ from strategyjob.jobspec._model import (
     STRATEGIES,
     SUCCESS_POLICIES,
     TRAINING_CONTAINER_NAME,
+    Codec,
     ReplicaSpec,
     RunPolicy,
     SchedulingPolicy,
     StrategyJob,
+    bind_codec,
     max_name_length,
     tf_config_bound,
 )
+from strategyjob.jobspec._render import build_manifest, to_manifest
+
+bind_codec(Codec(load_manifest, build_manifest, to_manifest))
 
 __all__ = [
     "API_VERSION",

@@ -8,7 +8,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from strategyjob.errors import StrategyJobError
 from strategyjob.jobspec import _messages as msg
 from strategyjob.jobspec._env import (
     SERVICE_ACCOUNT_SUFFIX,
@@ -38,6 +37,7 @@ from strategyjob.jobspec._model import (
     SINGLE_PROCESS_STRATEGIES,
     STRATEGIES,
     SUCCESS_POLICIES,
+    ManifestError,
     ReplicaSpec,
     RunPolicy,
     SchedulingPolicy,
@@ -70,15 +70,6 @@ def _key(key: Any) -> str:
     stays one short line whatever the key holds (newlines, long text)."""
     text = str(key)
     return text if _PLAIN_KEY.match(text) else msg.format_value(text)
-
-
-class ManifestError(StrategyJobError):
-    """A manifest is invalid. ``problems`` lists every problem, one sentence each."""
-
-    def __init__(self, problems: Sequence[str], source: str | None = None) -> None:
-        self.problems = list(problems)
-        self.source = source
-        super().__init__("\n".join(self.problems))
 
 
 class _Checker:

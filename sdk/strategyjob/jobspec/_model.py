@@ -6,9 +6,21 @@ One definition of the fields, their defaults and their allowed values, read by
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from strategyjob.errors import StrategyJobError
+
+
+class ManifestError(StrategyJobError):
+    """A manifest is invalid. ``problems`` lists every problem, one sentence each."""
+
+    def __init__(self, problems: Sequence[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        super().__init__("\n".join(self.problems))
+
 
 API_VERSION = "strategyjob.dev/v1alpha1"
 KIND = "StrategyJob"
@@ -172,9 +184,7 @@ class StrategyJob:
     def to_manifest(self) -> dict[str, Any]:
         """The manifest a user would write for this job (fields at their defaults left
         out); ``load_manifest(job.to_manifest()) == job``."""
-        from strategyjob.jobspec._render import to_manifest
-
-        return to_manifest(self)
+        return _codec().to_manifest(self)
 
     @classmethod
     def build(
@@ -215,11 +225,9 @@ class StrategyJob:
         default. Raises :class:`ManifestError` with the messages a manifest with the
         same mistake gets.
         """
-        from strategyjob.jobspec._load import load_manifest
-        from strategyjob.jobspec._render import build_manifest
-
-        return load_manifest(
-            build_manifest(
+        codec = _codec()
+        return codec.load_manifest(
+            codec.build_manifest(
                 name,
                 strategy=strategy,
                 image=image,
@@ -243,3 +251,28 @@ class StrategyJob:
                 annotations=annotations,
             )
         )
+
+
+class Codec(NamedTuple):
+    """The reader and writer of manifests, which sit above the model (they build and read
+    ``StrategyJob``s) and back its ``build`` and ``to_manifest``."""
+
+    load_manifest: Callable[[Any], StrategyJob]
+    build_manifest: Callable[..., dict[str, Any]]
+    to_manifest: Callable[[StrategyJob], dict[str, Any]]
+
+
+_bound: Codec | None = None
+
+
+def bind_codec(codec: Codec) -> None:
+    """Called by the package (``strategyjob.jobspec``), which Python loads before any of its
+    modules: the model reaches the reader and writer without importing them."""
+    global _bound
+    _bound = codec
+
+
+def _codec() -> Codec:
+    if _bound is None:  # not reachable through any import: the package binds it first
+        raise RuntimeError("strategyjob.jobspec did not bind its manifest reader and writer")
+    return _bound

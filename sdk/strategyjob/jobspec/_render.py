@@ -22,7 +22,9 @@ from strategyjob.jobspec._model import (
     DEFAULT_PORT,
     DEFAULT_RESTART_POLICY,
     KIND,
+    SINGLE_PROCESS_STRATEGIES,
     TRAINING_CONTAINER_NAME,
+    ManifestError,
 )
 
 if TYPE_CHECKING:
@@ -122,8 +124,6 @@ def build_manifest(
     """The manifest :meth:`StrategyJob.build` validates; see there for the arguments.
     Raises :class:`ManifestError` for arguments no manifest could express (a command
     given as one string, a negative GPU count)."""
-    from strategyjob.jobspec._load import ManifestError
-    from strategyjob.jobspec._model import SINGLE_PROCESS_STRATEGIES
 
     problems = _check_container_args(image, command, gpus_per_worker)
     if problems:
