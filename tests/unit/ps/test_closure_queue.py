@@ -83,14 +83,19 @@ def test_the_first_error_wins_cancels_the_queued_and_is_raised_once() -> None:
     assert queue.idle()
 
 
-def test_a_closure_put_back_after_an_error_is_cancelled_not_run() -> None:
+def _two_running_one_failed(error: BaseException) -> tuple[_ClosureQueue, _Closure]:
+    """A queue whose two closures were taken by workers, the first of which failed."""
     queue = _ClosureQueue()
-    failing, retried = _closures(2)
-    queue.put(failing)
-    queue.put(retried)
-    queue.get(timeout=0)
-    queue.get(timeout=0)
-    queue.mark_failed(RuntimeError("boom"))
+    first, second = _closures(2)
+    queue.put(first)
+    queue.put(second)
+    assert [queue.get(timeout=0), queue.get(timeout=0)] == [first, second]
+    queue.mark_failed(error)
+    return queue, second
+
+
+def test_a_closure_put_back_after_an_error_is_cancelled_not_run() -> None:
+    queue, retried = _two_running_one_failed(RuntimeError("boom"))
     queue.put_back(retried)  # its worker lost the ps meanwhile
     assert _cancelled(retried)
     assert queue.get(timeout=0.01) is None
@@ -99,13 +104,7 @@ def test_a_closure_put_back_after_an_error_is_cancelled_not_run() -> None:
 
 
 def test_the_error_is_raised_only_after_the_closures_in_flight_end() -> None:
-    queue = _ClosureQueue()
-    failing, still_running = _closures(2)
-    queue.put(failing)
-    queue.put(still_running)
-    queue.get(timeout=0)
-    queue.get(timeout=0)
-    queue.mark_failed(KeyError("lost"))
+    queue, _still_running = _two_running_one_failed(KeyError("lost"))
     waiter, outcome = _in_thread(queue.wait)
     waiter.join(timeout=0.2)
     assert waiter.is_alive(), "raised while a closure was still running"
