@@ -9,10 +9,11 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install -q --disable-pip-version-check -e ".[all]"
 
-echo "== lint: ruff check, ruff format --check, import contracts (pyproject.toml)"
+echo "== lint: ruff check, ruff format --check, import contracts, types (pyproject.toml)"
 python3 -m ruff check --quiet .
 python3 -m ruff format --check --quiet .
 lint-imports --no-cache >/dev/null || lint-imports --no-cache
+python3 -m mypy >/dev/null || python3 -m mypy  # the torch-free packages, strictly ([tool.mypy])
 
 echo "== control plane (tools/k8s/build-control-plane.sh; cached after the first build)"
 K8S_BIN_DIR="$(bash tools/k8s/build-control-plane.sh 2> >(tail -n 40 >&2))"

@@ -34,15 +34,11 @@ class StartupError(Exception):
 def startup_seconds(value: str) -> float:
     """``STRATEGYJOB_STARTUP_SECONDS``: how long to wait for the API server at startup."""
     try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise StartupError(
-            f"STRATEGYJOB_STARTUP_SECONDS={value!r} is not a positive number of seconds: "
-            f"set it to e.g. {DEFAULT_STARTUP_SECONDS:g}."
+        return handlers.positive_seconds(
+            "STRATEGYJOB_STARTUP_SECONDS", value, DEFAULT_STARTUP_SECONDS
         )
-    return seconds
+    except ValueError as e:
+        raise StartupError(str(e)) from None
 
 
 def cluster_credentials() -> Credentials:

@@ -326,9 +326,10 @@ def build_pod(
     if not pod_spec.get("serviceAccountName") and not pod_spec.get("serviceAccount"):
         pod_spec["serviceAccountName"] = service_account_name(job)
 
-    container = jobspec.training_container({"spec": pod_spec})
+    # edited in place: the container's own dict inside pod_spec (a deep copy of the template)
+    container = pod_spec["containers"][jobspec.training_container_index({"spec": pod_spec})]
     env = jobspec.replica_env(job, replica_type, index, cluster, restart_attempt)
-    _with_env(container, env)  # training_container returns the dict inside pod_spec
+    _with_env(container, env)
     _with_token(container, token_secret_name(job, owner), len(env))
     _with_port(container, job.port)
     _with_security_defaults(pod_spec, meta.get("annotations") or {})

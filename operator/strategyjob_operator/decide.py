@@ -301,9 +301,9 @@ def _decide(
     report_stalled(draft, [r for r in pending if r.stuck_reason])
     # A pod in phase Unknown fails its replica once the lost-pod timeout has passed.
     for r in replicas.values():
-        left = lost_seconds_left(r, now, lost_after)
-        if left is not None and left > 0:
-            requeue = left if requeue is None else min(requeue, left)
+        lost_left = lost_seconds_left(r, now, lost_after)
+        if lost_left is not None and lost_left > 0:
+            requeue = lost_left if requeue is None else min(requeue, lost_left)
 
     # Create what is missing, but not while pods of the run before (a whole-job restart) are
     # still terminating: a new replica would meet the old ones at the same names and ports.

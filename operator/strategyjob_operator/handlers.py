@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -94,20 +95,25 @@ def _grace_seconds(value: str) -> int:
     return int(value)
 
 
-def _lost_pod_seconds(value: str) -> float:
-    """``STRATEGYJOB_LOST_POD_SECONDS``: how long a pod may be in phase Unknown, or stay
-    terminating past its grace period on a node that is gone or NotReady, before the
-    operator fails its replica or force-deletes it."""
+def positive_seconds(variable: str, value: str, example: float) -> float:
+    """``value`` of the environment ``variable`` as a positive, finite number of seconds;
+    ValueError in one line, with ``example``, otherwise."""
     try:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
     if not 0 < seconds < float("inf"):
         raise ValueError(
-            f"STRATEGYJOB_LOST_POD_SECONDS={value!r} is not a positive number of seconds: "
-            f"set it to e.g. {DEFAULT_LOST_POD_SECONDS:g}."
+            f"{variable}={value!r} is not a positive number of seconds: set it to e.g. {example:g}."
         )
     return seconds
+
+
+def _lost_pod_seconds(value: str) -> float:
+    """``STRATEGYJOB_LOST_POD_SECONDS``: how long a pod may be in phase Unknown, or stay
+    terminating past its grace period on a node that is gone or NotReady, before the
+    operator fails its replica or force-deletes it."""
+    return positive_seconds("STRATEGYJOB_LOST_POD_SECONDS", value, DEFAULT_LOST_POD_SECONDS)
 
 
 def settings_from_env() -> OperatorSettings:
@@ -229,7 +235,7 @@ async def close(**_: Any) -> None:
         STATE.metrics_server = None
 
 
-def jobs_to_wake(labels: dict[str, str], meta: Any) -> set[str]:
+def jobs_to_wake(labels: Mapping[str, str], meta: Mapping[str, Any] | None) -> set[str]:
     """The jobs a pod event concerns: the one its label names and the StrategyJob that
     controls it. They differ for a pod relabelled by hand: the job that lost it must
     notice, and the one whose name it now carries must see that it is not its own."""
@@ -245,23 +251,31 @@ def jobs_to_wake(labels: dict[str, str], meta: Any) -> set[str]:
 # event of a pod that lost it (the API server sends it as a deletion) must still wake the
 # job that controls it.
 @kopf.on.event("", "v1", "pods")
-async def pod_changed(namespace: str, labels: dict[str, str], meta: Any, **_: Any) -> None:
+async def pod_changed(
+    *, namespace: str | None, labels: Mapping[str, str], meta: kopf.Meta, **_: Any
+) -> None:
     for name in jobs_to_wake(labels or {}, meta):
         wake(namespace, name)
 
 
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
-async def job_changed(namespace: str, name: str, uid: str, type: str, **_: Any) -> None:
+async def job_changed(*, namespace: str | None, name: str, uid: str, type: str, **_: Any) -> None:
+    if namespace is None:  # kopf's type allows cluster-scoped objects; StrategyJobs are not
+        return
     if type == "DELETED" and STATE.daemons.get((namespace, name)) == uid:
         del STATE.daemons[(namespace, name)]  # its daemon ends (no finalizer makes kopf stop it)
     wake(namespace, name)
 
 
 @kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=1.0)
-async def run_job(namespace: str, name: str, uid: str, stopped: Any, **_: Any) -> None:
+async def run_job(
+    *, namespace: str | None, name: str, uid: str, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
     """The job's reconcile loop, alive while the job exists (and this replica leads). It
     ends itself when the job is deleted: kopf stops a daemon only for an object that has
     its finalizer, and StrategyJobs carry none (:func:`no_finalizer_for_daemons`)."""
+    if namespace is None:  # kopf's type allows cluster-scoped objects; StrategyJobs are not
+        return
     key = (namespace, name)
     STATE.daemons[key] = uid  # a namesake's older daemon sees it and ends, once woken:
     older = STATE.wakeups.get(key)

@@ -146,6 +146,7 @@ class Credentials:
                 if self.private_key_data:
                     key = os.path.join(tmp, "client.key")
                     _write_private(key, self.private_key_data)
+                assert cert is not None  # a certificate path or data, tested above
                 ctx.load_cert_chain(cert, key)
         return ctx
 

@@ -254,7 +254,8 @@ def controller_uid(obj: Mapping[str, Any]) -> str | None:
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     for ref in refs:
         if ref.get("controller") and ref.get("kind") == c.KIND:
-            return ref.get("uid")
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else None
     return None
 
 
@@ -273,7 +274,7 @@ def left_by_earlier_job(obj: Mapping[str, Any], owner_uid: str, job_name: str) -
     ref = controller_ref(obj)
     if ref is None or ref.get("uid") in (None, owner_uid):
         return False
-    return ref.get("name", job_name) == job_name
+    return bool(ref.get("name", job_name) == job_name)
 
 
 def observe(

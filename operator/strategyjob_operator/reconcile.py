@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -236,7 +237,8 @@ class Reconciler:
         try:
             job = jobspec.load_manifest(job_obj)
         except jobspec.ManifestError as e:
-            return await self._invalid(job_obj, status, str(e), now)
+            await self._invalid(job_obj, status, str(e), now)
+            return None  # failed for good: nothing to requeue
 
         pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
         uid = job_obj["metadata"].get("uid")
@@ -417,17 +419,19 @@ class Reconciler:
             (api.group_path(net, ns, "networkpolicies"), children.build_network_policy(job, owner)),
         ]
         uid = job_obj["metadata"]["uid"]
-        calls = [(lambda p=p, o=o: self._create_child(p, o, uid)) for p, o in wanted]
+        calls: list[Callable[[], Awaitable[object]]] = [
+            functools.partial(self._create_child, p, o, uid) for p, o in wanted
+        ]
         # The RoleBinding once its Role exists: the API server lets the operator bind a Role
         # only after checking that it holds the Role's rights, which it reads (absent: 404).
         role = (api.group_path(rbac, ns, "roles"), children.build_role(job, owner))
         bind = children.build_role_binding(job, owner)
         binding = (api.group_path(rbac, ns, "rolebindings"), bind)
-        calls.insert(2, lambda: self._create_children_in_order((role, binding), uid))
+        calls.insert(2, functools.partial(self._create_children_in_order, (role, binding), uid))
         scheduler = self.settings.gang_scheduler
         if scheduler is not None:
             group = gang.build_pod_group(job, owner, scheduler)
-            calls.append(lambda: self._create_pod_group(scheduler, group, uid))
+            calls.append(functools.partial(self._create_pod_group, scheduler, group, uid))
         results: list[Any] = []
         for r in await bounded_gather(calls, self.settings.max_in_flight):
             results.extend(r if isinstance(r, list) else [r])  # the Role's pair: two results
@@ -632,12 +636,11 @@ class Reconciler:
         api, uids = self.api, uids or {}
         results = await bounded_gather(
             [
-                (
-                    lambda n=n: self._delete(
-                        api.core_path(namespace, "pods", n),
-                        grace_seconds=grace_seconds,
-                        uid=uids.get(n),
-                    )
+                functools.partial(
+                    self._delete,
+                    api.core_path(namespace, "pods", n),
+                    grace_seconds=grace_seconds,
+                    uid=uids.get(n),
                 )
                 for n in names
             ],

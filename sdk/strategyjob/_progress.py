@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,7 +61,7 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def is_leader(env: Any = os.environ) -> bool:
+def is_leader(env: Mapping[str, str] = os.environ) -> bool:
     """Whether this process is the job's leader: the chief, else worker 0 when the job
     has no chief (read from ``TF_CONFIG``'s cluster)."""
     replica_type = env.get(_ENV_REPLICA_TYPE)
@@ -326,7 +327,7 @@ class Reporter:
                     self._cond.notify_all()
 
 
-_STATE: dict[str, Any] = {}
+_STATE: dict[str, Reporter | None] = {}
 _STATE_LOCK = threading.Lock()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from strategyjob.launcher import Console
-from strategyjob.launcher._output import format_elapsed
+from strategyjob.launcher._output import format_elapsed, format_report
 
 
 def test_plain_output_has_prefixes_and_no_status():
@@ -46,3 +46,10 @@ def test_format_elapsed():
     assert format_elapsed(3.14) == "3.1s"
     assert format_elapsed(75) == "1m15s"
     assert format_elapsed(3725) == "1h02m05s"
+
+
+def test_format_report_without_a_step_shows_no_percentage():
+    # mypy found it: totalSteps with no step computed 100.0 * None (TypeError)
+    assert format_report({"step": 50, "totalSteps": 200}) == "step 50/200 (25%)"
+    assert format_report({"totalSteps": 200, "metrics": {"loss": 0.5}}) == "step None/200 loss=0.5"
+    assert format_report(None) == ""

@@ -9,6 +9,7 @@ package stays importable (and the builder usable) without it.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import math
 import os
@@ -182,7 +183,7 @@ class StrategyJobClient:
             namespace=ns,
         )
 
-    def replicas(self, name: str, namespace: str | None = None) -> list[ReplicaInfo]:
+    def replicas(self, name: str, namespace: str | None = None) -> builtins.list[ReplicaInfo]:
         """Every replica the job asks for with its pod's phase (``-`` without a pod)."""
         ns = namespace or self.namespace
         return replica_infos(self.get(name, ns), self._pods(name, ns))
@@ -330,7 +331,7 @@ class StrategyJobClient:
             return
         yield from self._follow_many(name, wanted, ns)
 
-    def _follow_many(self, name: str, replicas: list[str], ns: str) -> Iterator[LogLine]:
+    def _follow_many(self, name: str, replicas: builtins.list[str], ns: str) -> Iterator[LogLine]:
         lines: queue.Queue[LogLine | None] = queue.Queue(maxsize=10_000)
         streams: list[Iterator[str]] = []
         lock = threading.Lock()
@@ -415,7 +416,8 @@ class StrategyJobClient:
             **extra,
         )
         try:
-            return response.data.decode("utf-8", "replace")
+            data: bytes = response.data
+            return data.decode("utf-8", "replace")
         finally:
             response.release_conn()
 

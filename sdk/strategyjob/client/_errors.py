@@ -127,9 +127,12 @@ def describe_connection_error(server: str, error: BaseException) -> str:
 
 
 def _innermost(error: BaseException) -> str:
-    reason = getattr(error, "reason", None)
-    while isinstance(reason, BaseException) and getattr(reason, "reason", None) is not None:
-        reason = reason.reason
+    reason: object = getattr(error, "reason", None)
+    while isinstance(reason, BaseException):
+        deeper = getattr(reason, "reason", None)  # urllib3 and socket errors nest one
+        if deeper is None:
+            break
+        reason = deeper
     return one_line(str(reason if isinstance(reason, BaseException) else error))
 
 

@@ -117,7 +117,7 @@ class SubmittedJob:
     def replicas(self) -> list[tuple[str, int]]:
         """Every ``(replica_type, index)`` the spec asks for, chief first."""
         specs = (self.raw.get("spec") or {}).get("replicaSpecs") or {}
-        out = []
+        out: list[tuple[str, int]] = []
         for replica_type in REPLICA_TYPES:
             spec = specs.get(replica_type)
             if isinstance(spec, Mapping):

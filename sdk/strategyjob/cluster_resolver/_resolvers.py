@@ -245,12 +245,17 @@ class TFConfigClusterResolver(ClusterResolver):
 
         config = load_tf_config()
         if _SESSION_MASTER_KEY in config:
-            return config[_SESSION_MASTER_KEY]
+            return str(config[_SESSION_MASTER_KEY])
         cluster_spec = self.cluster_spec()
         jobs = cluster_spec.jobs
         if not jobs or (len(jobs) == 1 and cluster_spec.num_tasks(jobs[0]) == 1):
             return ""
-        address = cluster_spec.task_address(task_type, task_id)  # type: ignore[arg-type]
+        # No task (TF_CONFIG has none, none given): TF's messages for an unknown job or index.
+        if task_type is None:
+            raise ValueError(f"No such job in cluster: {task_type!r}")
+        if task_id is None:
+            raise ValueError(f"No task with index {task_id!r} in job {task_type!r}")
+        address = cluster_spec.task_address(task_type, task_id)
         return format_master_url(address, rpc_layer)
 
     def num_accelerators(

@@ -53,7 +53,12 @@ def validate_cluster_spec(cluster_spec: Any, task_type: str | None, task_id: int
         raise ValueError("There must be at most one 'chief' job.")
     if task_count(cluster_spec, "evaluator") > 1:
         raise ValueError("There must be at most one 'evaluator' job.")
-    if task_type in cluster_spec.jobs and task_id >= task_count(cluster_spec, task_type):  # type: ignore[operator]
+    if (
+        task_type is not None
+        and task_id is not None
+        and task_type in cluster_spec.jobs
+        and task_id >= task_count(cluster_spec, task_type)
+    ):
         raise ValueError(f"The `task_id` {task_id} exceeds the maximum id of {task_type}.")
 
 

@@ -36,9 +36,9 @@ from strategyjob.jobspec._env import (
     tf_config,
     token_secret_name,
     training_container,
+    training_container_index,
 )
 from strategyjob.jobspec._load import (
-    ManifestError,
     load_manifest,
     load_manifest_file,
     read_manifest_file,
@@ -70,6 +70,7 @@ from strategyjob.jobspec._model import (
     SUCCESS_POLICIES,
     TRAINING_CONTAINER_NAME,
     Codec,
+    ManifestError,
     ReplicaSpec,
     RunPolicy,
     SchedulingPolicy,
@@ -145,4 +146,5 @@ __all__ = [
     "tf_config_bound",
     "token_secret_name",
     "training_container",
+    "training_container_index",
 ]

@@ -89,16 +89,24 @@ def success_replicas(job: StrategyJob) -> list[tuple[str, int]]:
     return [leader(job)]
 
 
-def training_container(pod_template: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The container that runs training and receives the injected environment:
-    the one named ``strategyjob``, else the first."""
+def training_container_index(pod_template: Mapping[str, Any]) -> int:
+    """Where the training container is in the template's ``spec.containers``: the one
+    named ``strategyjob``, else the first (the operator edits it in place there)."""
     containers = (pod_template.get("spec") or {}).get("containers") or []
     if not containers:
         raise ValueError("The pod template has no containers.")
-    for container in containers:
+    for index, container in enumerate(containers):
         if container.get("name") == TRAINING_CONTAINER_NAME:
-            return container
-    return containers[0]
+            return index
+    return 0
+
+
+def training_container(pod_template: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The container that runs training and receives the injected environment:
+    the one named ``strategyjob``, else the first."""
+    index = training_container_index(pod_template)  # raises when there is none
+    container: Mapping[str, Any] = pod_template["spec"]["containers"][index]
+    return container
 
 
 def cluster_for_kubernetes(job: StrategyJob) -> dict[str, list[str]]:

@@ -80,7 +80,9 @@ def format_report(record: dict[str, Any] | None) -> str:
     step, total = record.get("step"), record.get("totalSteps")
     text = f"step {step}"
     if total:
-        text += f"/{total} ({min(100.0, 100.0 * step / total):.0f}%)"
+        text += f"/{total}"
+        if isinstance(step, int | float):  # a record may carry totalSteps without a step
+            text += f" ({min(100.0, 100.0 * step / total):.0f}%)"
     metrics = record.get("metrics") or {}
     return " ".join([text, *(f"{k}={_short(v)}" for k, v in metrics.items())])
 

@@ -9,11 +9,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from types import FrameType
+from typing import Any, TextIO
 
 from strategyjob.jobspec import (
     ENV_PROGRESS_FILE,
@@ -211,7 +212,7 @@ class _JobRun:
         # Other workers usually finish within moments of the leader; give them time
         # to write their last output, then stop what is left (ps, evaluator, and the
         # workers of ParameterServerStrategy, which serve until stopped).
-        finishing = TRAINING_REPLICA_TYPES
+        finishing: tuple[str, ...] = TRAINING_REPLICA_TYPES
         if self.job.strategy == "ParameterServerStrategy":
             finishing = ("chief",)
         training = [k for k in self.supervisor.running() if k[0] in finishing]
@@ -286,7 +287,7 @@ class _JobRun:
             raise _Interrupted(self.interrupt)
 
     @contextmanager
-    def _signals_stop_the_job(self):
+    def _signals_stop_the_job(self) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP (the terminal or SSH session went away) end the run
         through the normal stop path: no orphaned replica, no temporary directory left."""
         if threading.current_thread() is not threading.main_thread():
@@ -301,7 +302,7 @@ class _JobRun:
                 self.supervisor.kill_all()
             self.supervisor.wake()
 
-        previous: dict[int, Callable | int | None] = {}
+        previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
         for signum in _STOP_SIGNALS:
             if signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN:
                 continue  # started under nohup: the user asked to outlive the terminal
@@ -309,9 +310,9 @@ class _JobRun:
         try:
             yield
         finally:
-            for signum, old in previous.items():
-                signal.signal(signum, old)
+            for number, old in previous.items():
+                signal.signal(number, old)
 
 
-def _names(keys) -> str:
+def _names(keys: Iterable[ReplicaKey]) -> str:
     return ", ".join(replica_name(k) for k in sorted(keys))
