@@ -27,9 +27,10 @@ def _containers(obj: dict[str, Any], replica_type: str = "worker") -> list[dict[
     return obj["spec"]["replicaSpecs"][replica_type]["template"]["spec"]["containers"]
 
 
-def secret_exists(kube, name: str) -> bool:
+def exists(read, name: str, namespace: str) -> bool:
+    """Whether ``read(name, namespace)`` (a core API read) finds the object."""
     try:
-        kube.core.read_namespaced_secret(name, kube.ns)
+        read(name, namespace)
     except ApiException as e:
         if e.status == 404:
             return False
@@ -43,7 +44,10 @@ def test_a_job_naming_another_jobs_token_is_failed_and_gets_no_pods(kube, operat
     CRD's rules leave to the loader) the operator fails the job."""
     victim = kube.create_job(manifest("victim", "MultiWorkerMirroredStrategy", {"worker": 1}))
     token_secret = f"victim-{victim['metadata']['uid']}-strategyjob-token"
-    wait_for("the victim's token Secret", lambda: secret_exists(kube, token_secret))
+    wait_for(
+        "the victim's token Secret",
+        lambda: exists(kube.core.read_namespaced_secret, token_secret, kube.ns),
+    )
 
     thief = manifest("thief", "MultiWorkerMirroredStrategy", {"worker": 2})
     stolen = [
@@ -76,16 +80,6 @@ def test_a_job_naming_another_jobs_token_is_failed_and_gets_no_pods(kube, operat
     assert list(kube.pods("victim")) == ["victim-worker-0"]
 
 
-def service_account_exists(kube, name: str) -> bool:
-    try:
-        kube.core.read_namespaced_service_account(name, kube.ns)
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise
-    return True
-
-
 @pytest.mark.parametrize("field", ["serviceAccountName", "serviceAccount"])
 def test_a_job_running_as_another_jobs_service_account_is_failed_and_gets_no_pods(
     kube, operator, field
@@ -95,7 +89,10 @@ def test_a_job_running_as_another_jobs_service_account_is_failed_and_gets_no_pod
     deprecated alias) is left to the loader; ``serviceAccountName`` the CRD refuses first."""
     kube.create_job(manifest("victim", "MultiWorkerMirroredStrategy", {"worker": 1}))
     account = "victim-strategyjob-sa"
-    wait_for("the victim's ServiceAccount", lambda: service_account_exists(kube, account))
+    wait_for(
+        "the victim's ServiceAccount",
+        lambda: exists(kube.core.read_namespaced_service_account, account, kube.ns),
+    )
 
     thief = manifest("thief", "MultiWorkerMirroredStrategy", {"worker": 2})
     thief["spec"]["replicaSpecs"]["worker"]["template"]["spec"][field] = account
