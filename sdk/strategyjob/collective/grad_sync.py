@@ -470,11 +470,13 @@ def _owning_extended(tensor: torch.Tensor | None) -> Any:
     return extended if _adopts(extended) else None
 
 
-def _register(extended: Any, param: torch.nn.Parameter) -> torch.nn.Parameter | None:
-    """Register a parameter being put in a module; returns the strategy's replacement for it
+def _register(
+    extended: Any, param: torch.nn.Parameter, module: torch.nn.Module
+) -> torch.nn.Parameter | None:
+    """Register a parameter being put in ``module``; returns the strategy's replacement for it
     (CentralStorageStrategy: a copy on the parameter device), if any."""
     register = getattr(extended, "_register_parameter", None)
-    replacement = register(param) if register is not None else None
+    replacement = register(param, module) if register is not None else None
     if not isinstance(replacement, torch.nn.Parameter):
         replacement = None
     synchronizer_for(extended).add(param if replacement is None else replacement)
@@ -502,7 +504,7 @@ def _on_parameter_registered(
         return None
     strategy = _scope_strategy()
     if strategy is not None:
-        return _register(strategy.extended, param)
+        return _register(strategy.extended, param, module)
     if not _owner or param in _owner:
         return None  # plain torch (no strategy has parameters), or already synchronised
     # Put in a module the strategy synchronises (replacing one of its parameters, or next to
@@ -510,7 +512,7 @@ def _on_parameter_registered(
     extended = _owning_extended(module._parameters.get(name)) or _owning_extended(
         next(module.parameters(), None)
     )
-    return None if extended is None else _register(extended, param)
+    return None if extended is None else _register(extended, param, module)
 
 
 def _on_module_registered(

@@ -301,9 +301,12 @@ class StrategyExtended:
     #: hold the same values, as TF's do for every variable created in scope.
     _adopts_parameters: bool = False
 
-    def _register_parameter(self, param: torch.nn.Parameter) -> torch.nn.Parameter | None:
+    def _register_parameter(
+        self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
+    ) -> torch.nn.Parameter | None:
         """Called for each ``nn.Parameter`` created (or, with ``_adopts_parameters``, adopted) in
-        scope; may return a replacement (adopted ones take its value and device in place)."""
+        scope, with the module it is put in when known; may return a replacement (adopted ones
+        take its value and device in place)."""
 
     def variable_created_in_scope(self, v: Any) -> bool:
         """Whether ``v`` was created while this strategy's scope was active."""

@@ -65,7 +65,9 @@ class CentralStorageExtended(MirroredExtended):
             strategy, initial_value, device=self._parameter_device, **kwargs
         )
 
-    def _register_parameter(self, param: torch.nn.Parameter) -> torch.nn.Parameter | None:
+    def _register_parameter(
+        self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
+    ) -> torch.nn.Parameter | None:
         """Module parameters created in scope live on the parameter device, like variables
         (parameters adopted from outside the scope are moved there in place).
 

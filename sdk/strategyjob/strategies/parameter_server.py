@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.nn.modules import module as _module
 
 from strategyjob import _context, _variables
 from strategyjob._devices import LogicalDevice
@@ -43,23 +42,6 @@ DATASET_MESSAGE = (
     "To use this dataset, you need to pass this dataset to "
     "ClusterCoordinator.create_per_worker_dataset."
 )
-
-# Which module owns the parameter being registered (set by our registration hook, which runs
-# before grad_sync's, so `_register_parameter` can shard only embedding tables).
-_owner = threading.local()
-
-
-def _record_owner(module: torch.nn.Module, name: str, param: Any) -> None:
-    _owner.value = (id(param), module) if param is not None else None
-
-
-_owner_hook = _module.register_module_parameter_registration_hook(_record_owner)
-
-
-def _hook_first() -> None:
-    hooks = _module._global_parameter_registration_hooks
-    if _owner_hook.id in hooks:
-        hooks.move_to_end(_owner_hook.id, last=False)
 
 
 def _shards(ref: Any) -> tuple:
@@ -214,20 +196,17 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         return getattr(v, "_distribute_strategy", None) is self._container_strategy()
 
     # --- module parameters ---------------------------------------------------------------
-    def _enter_scope(self) -> None:
-        super()._enter_scope()
-        _hook_first()
-
     def _exit_scope(self) -> None:
         self._flush_parameters()
 
-    def _register_parameter(self, param: torch.nn.Parameter) -> None:
+    def _register_parameter(
+        self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
+    ) -> None:
         """Place a module parameter created in scope on the ps (its value is sent when the
-        scope exits, after the module's own initialisation)."""
+        scope exits, after the module's own initialisation); only an embedding table's
+        weight is sharded."""
         if getattr(param, "_sj_ref", None) is not None:
             return None
-        owner = getattr(_owner, "value", None)
-        module = owner[1] if owner is not None and owner[0] == id(param) else None
         shape, dtype = param.shape, param.dtype
         base = f"{type(module).__name__ if module is not None else 'param'}"
         n = self._shard_count(shape, dtype) if isinstance(module, torch.nn.Embedding) else 1

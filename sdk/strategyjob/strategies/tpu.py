@@ -562,7 +562,9 @@ class TPUExtended(StrategyExtended):
         return self._group.any_async(flag)
 
     # --- module parameters -------------------------------------------------------------------
-    def _register_parameter(self, param: torch.nn.Parameter) -> None:
+    def _register_parameter(
+        self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
+    ) -> None:
         """Keep gradients plain tensors: a parameter used with DTensors (implicit replication)
         receives a DTensor gradient, which becomes its logical value as soon as it is ready."""
         if param.requires_grad:  # a frozen parameter cannot take the hook (nor needs it)
