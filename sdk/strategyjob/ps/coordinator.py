@@ -708,9 +708,7 @@ class ClusterCoordinator:
                     "scheduled function is not yet supported."
                 )
         self._queue.raise_if_error()
-        extended = self._strategy.extended
-        extended._flush_parameters()
-        extended._ps_epoch += 1  # whatever the chief pulled may change now
+        self._strategy.extended._before_schedule()
         closure = _Closure(self._shipped(fn), args, kwargs)
         self._queue.put(closure)
         return closure.output

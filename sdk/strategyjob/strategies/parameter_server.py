@@ -344,6 +344,12 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                     yield index, param, _shards(ref), spec
                 index += 1
 
+    def _before_schedule(self) -> None:
+        """Called by ``ClusterCoordinator.schedule`` before it queues a function: the ps get
+        the parameters still waiting to be sent, and the chief's pulled copies may go stale."""
+        self._flush_parameters()
+        self._ps_epoch += 1
+
     def _ps_idle(self) -> bool:
         """No scheduled function is queued or running (so the ps values are settled)."""
         coordinator = getattr(self._container_strategy(), "_cluster_coordinator", None)
