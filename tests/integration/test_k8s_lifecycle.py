@@ -20,7 +20,7 @@ def start(kube, m, total):
     return pods
 
 
-def new_uids(kube, job, old, total):
+def new_uids(kube, job, old, total, timeout=30.0):
     """Wait until every pod of ``job`` is a new one (uid not in ``old``)."""
 
     def done():
@@ -29,7 +29,14 @@ def new_uids(kube, job, old, total):
         fresh = [p for p in live.values() if p.metadata.uid not in old]
         return live if len(live) == total and len(fresh) == total else None
 
-    return wait_for(f"{total} new pods of {job}", done)
+    return wait_for(f"{total} new pods of {job}", done, timeout=timeout)
+
+
+def explained(operator, kube, job):
+    """What the operator logged about ``job`` and the job's conditions, for a failure message."""
+    lines = [line for line in operator.output().splitlines() if f"/{job}" in line]
+    conditions = ((kube.job(job) or {}).get("status") or {}).get("conditions")
+    return "\n".join([*lines[-25:], f"conditions: {conditions}"])
 
 
 def test_chief_success_succeeds_the_job_and_cleans_running_pods(kube, operator):
@@ -284,7 +291,12 @@ def test_a_job_created_again_before_its_old_children_are_gone_gets_its_own(kube,
         except Exception:  # not there (yet)
             return None
 
-    pods = new_uids(kube, "again", {old_pod.metadata.uid}, 2)
+    # Its objects may still be going too (the garbage collector's pace): a creation that meets
+    # one is retried after a backoff of 5 s and more, which a loaded machine can stretch.
+    try:
+        pods = new_uids(kube, "again", {old_pod.metadata.uid}, 2, timeout=90)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{explained(operator, kube, 'again')}") from None
     assert {p.metadata.owner_references[0].uid for p in pods.values()} == {new_uid}
     for what, read in [
         ("Service", lambda: kube.core.read_namespaced_service("again", kube.ns)),
