@@ -302,7 +302,7 @@ async def run_job(
             if timed:
                 reconciler.metrics.inc("timed_passes", namespace)
             try:
-                delay = await reconciler.reconcile(namespace, name)
+                delay = await reconciler.reconcile(namespace, name, uid)
                 errors = 0
             except Exception as e:  # keep the loop alive; the next pass retries
                 errors += 1

@@ -218,19 +218,23 @@ class Reconciler:
         #: Per job, when to try again to create what the API server refused.
         self._create_backoff: dict[tuple[str, str], decide.CreateBackoff] = {}
 
-    async def reconcile(self, namespace: str, name: str) -> float | None:
-        """One pass; returns seconds until a time-driven pass is due (None: none)."""
+    async def reconcile(self, namespace: str, name: str, uid: str | None = None) -> float | None:
+        """One pass; returns seconds until a time-driven pass is due (None: none). With
+        ``uid``, a pass only for that job: a namesake created since (its own loop runs) is
+        left alone."""
         started = time.perf_counter()
         try:
-            return await self._reconcile(namespace, name)
+            return await self._reconcile(namespace, name, uid)
         finally:
             self.metrics.observe_reconcile(time.perf_counter() - started)
 
-    async def _reconcile(self, namespace: str, name: str) -> float | None:
+    async def _reconcile(self, namespace: str, name: str, uid: str | None) -> float | None:
         api = self.api
         job_path = api.job_path(namespace, name)
         job_obj = await api.get(job_path)
         if job_obj is None or job_obj["metadata"].get("deletionTimestamp"):
+            return None
+        if uid is not None and job_obj["metadata"].get("uid") != uid:
             return None
         now = self.clock()
         status = job_obj.get("status") or {}

@@ -43,7 +43,7 @@ class _Reconciler:
     def inc(self, *_: Any) -> None:
         pass
 
-    async def reconcile(self, namespace: str, name: str) -> None:
+    async def reconcile(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.passes.append(f"{namespace}/{name}")
 
 

@@ -104,6 +104,16 @@ def test_first_pass_creates_service_and_pods_then_writes_status_once_then_events
     ]
 
 
+def test_a_pass_for_a_deleted_job_leaves_its_namesake_alone():
+    # the loop of a job deleted and created again may still be in a pass: it must not act on
+    # the new job (uid "u"), whose own loop runs
+    reconciler = Reconciler(FakeApi(job_obj(), []), clock=lambda: NOW, registry=Registry())
+    assert asyncio.run(reconciler.reconcile("ns", "j", "an-earlier-uid")) is None
+    assert reconciler.api.calls == []
+    asyncio.run(reconciler.reconcile("ns", "j", "u"))
+    assert ("create", "Pod", "j-worker-0") in reconciler.api.calls
+
+
 def test_restart_deletes_pods_before_persisting_the_decision():
     launched = {"launched": True, "conditions": [{"type": "Created", "status": "True"}]}
     api = FakeApi(job_obj(launched), [pod(0, "Running"), pod(1, "Failed", 137)])
