@@ -22,6 +22,8 @@ import pytest
 import yaml
 from control_plane import REPO_ROOT, ControlPlane, free_port
 
+from tests.support.certs import self_signed_ca
+
 pytestmark = pytest.mark.timeout(150)
 
 #: How long a failing operator may take to exit under load (1 to 3 s alone).
@@ -122,7 +124,7 @@ def test_a_certificate_authority_that_does_not_match_ends_the_operator_with_one_
     """The kubeconfig names another cluster's CA (here: the operator's own client's)."""
 
     other_ca = tmp_path / "other-ca.crt"
-    other_ca.write_text(_self_ca())
+    other_ca.write_text(self_signed_ca("some-other-cluster-ca")[0])
     op = Operator(
         _kubeconfig(
             control_plane,
@@ -134,32 +136,6 @@ def test_a_certificate_authority_that_does_not_match_ends_the_operator_with_one_
     line = _fails_with_one_line(op)
     assert f"TLS with the API server {control_plane.server} failed" in line
     assert "certificate-authority" in line
-
-
-def _self_ca() -> str:
-    """A CA certificate no server here was signed by."""
-    from datetime import UTC, datetime, timedelta
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "some-other-cluster-ca")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
 def test_an_exec_plugin_that_fails_after_startup_ends_the_operator_with_one_reason(

@@ -8,44 +8,15 @@ import asyncio
 import base64
 import ssl
 import tempfile
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import kopf
 import pytest
 from strategyjob_operator.kube import REQUEST_TIMEOUT, Credentials, KubeApi, _pem
 
+from tests.support.certs import self_signed_ca
 
-def _self_signed() -> tuple[str, str]:
-    """A certificate and its key, PEM."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "unit")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - timedelta(minutes=1))
-        .not_valid_after(now + timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem.decode()
-
-
-CERT, KEY = _self_signed()
+CERT, KEY = self_signed_ca()
 
 
 def b64(text: str) -> str:
@@ -122,7 +93,7 @@ def test_inline_certificates_leave_no_files_behind(
 
 
 def test_a_key_that_does_not_match_fails_when_loading() -> None:
-    _, other_key = _self_signed()
+    _, other_key = self_signed_ca()
     creds = Credentials("https://h", certificate_data=CERT, private_key_data=other_key)
     with pytest.raises(ssl.SSLError):
         creds.ssl_context()
