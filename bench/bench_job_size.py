@@ -22,7 +22,6 @@ The last line is the ratio of the largest job's peak RSS to the chart's limit.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import subprocess
@@ -35,12 +34,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "sdk"), str(ROOT / "operator")]
-_spec = importlib.util.spec_from_file_location(
-    "bench_operator", ROOT / "bench" / "bench_operator.py"
-)
-bench_operator = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_operator)
+sys.path[:0] = [str(ROOT / "sdk"), str(ROOT / "operator"), str(ROOT / "bench")]
+
+import bench_operator  # noqa: E402
+
 cp_mod = bench_operator.cp_mod
 
 from strategyjob import jobspec  # noqa: E402

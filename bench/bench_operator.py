@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import importlib.util
 import json
 import os
 import ssl
@@ -43,11 +42,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location(
-    "control_plane", ROOT / "tests" / "integration" / "control_plane.py"
-)
-cp_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cp_mod)
+sys.path.insert(0, str(ROOT))  # the control plane is test tooling: tests/support
+
+from tests.support import control_plane as cp_mod  # noqa: E402
 
 TFJOB_QPS = 20
 SJOB_SELECTOR = "strategyjob.dev/job-name"

@@ -34,9 +34,7 @@ class StartupError(Exception):
 def startup_seconds(value: str) -> float:
     """``STRATEGYJOB_STARTUP_SECONDS``: how long to wait for the API server at startup."""
     try:
-        return handlers.positive_seconds(
-            "STRATEGYJOB_STARTUP_SECONDS", value, DEFAULT_STARTUP_SECONDS
-        )
+        return handlers.positive_seconds(c.ENV_STARTUP_SECONDS, value, DEFAULT_STARTUP_SECONDS)
     except ValueError as e:
         raise StartupError(str(e)) from None
 
@@ -137,7 +135,7 @@ async def check_cluster(creds: Credentials, seconds: float) -> None:
         )
     raise StartupError(
         f"Cannot reach the API server {creds.server} within {seconds:g}s ({last}): check the "
-        "kubeconfig's server and the network, or wait longer with STRATEGYJOB_STARTUP_SECONDS."
+        f"kubeconfig's server and the network, or wait longer with {c.ENV_STARTUP_SECONDS}."
     )
 
 
@@ -146,7 +144,7 @@ def preflight() -> None:
     :func:`check_cluster`), rather than start kopf, which would hang."""
     try:
         seconds = startup_seconds(
-            os.environ.get("STRATEGYJOB_STARTUP_SECONDS", f"{DEFAULT_STARTUP_SECONDS:g}")
+            os.environ.get(c.ENV_STARTUP_SECONDS, f"{DEFAULT_STARTUP_SECONDS:g}")
         )
         asyncio.run(check_cluster(cluster_credentials(), seconds))
     except StartupError as e:

@@ -3,23 +3,32 @@ Event reasons. Kept in one place so tests and handlers use the same strings."""
 
 from __future__ import annotations
 
-GROUP = "strategyjob.dev"
-VERSION = "v1alpha1"
-PLURAL = "strategyjobs"
-KIND = "StrategyJob"
-API_VERSION = f"{GROUP}/{VERSION}"
+# The API coordinates, labels and annotation are the SDK's too (``strategyjob report``,
+# ``strategyjob status``, the manifest model): defined once, in strategyjob._names.
+from strategyjob import _names
 
-LABEL_JOB_NAME = f"{GROUP}/job-name"
-LABEL_REPLICA_TYPE = f"{GROUP}/replica-type"
-LABEL_REPLICA_INDEX = f"{GROUP}/replica-index"
-LABEL_JOB_ROLE = f"{GROUP}/job-role"
-#: The job's restarts when the pod was created (as STRATEGYJOB_RESTART_ATTEMPT in its env).
-LABEL_RESTART_ATTEMPT = f"{GROUP}/restart-attempt"
+GROUP = _names.GROUP
+VERSION = _names.VERSION
+PLURAL = _names.PLURAL
+KIND = _names.KIND
+API_VERSION = _names.API_VERSION
+LABEL_JOB_NAME = _names.LABEL_JOB_NAME
+LABEL_REPLICA_TYPE = _names.LABEL_REPLICA_TYPE
+LABEL_REPLICA_INDEX = _names.LABEL_REPLICA_INDEX
+LABEL_JOB_ROLE = _names.LABEL_JOB_ROLE
+LABEL_RESTART_ATTEMPT = _names.LABEL_RESTART_ATTEMPT
+ANNOTATION_PROGRESS = _names.ANNOTATION_PROGRESS
+
 ROLE_CHIEF = "chief"
 
-#: Annotation on the leader's pod where ``strategyjob.report`` publishes (JSON); the
-#: operator copies it into ``status.progress``.
-ANNOTATION_PROGRESS = f"{GROUP}/progress"
+#: The operator's own settings, from its Deployment's environment (the Helm chart sets them).
+ENV_METRICS_PORT = "STRATEGYJOB_METRICS_PORT"
+ENV_MAX_IN_FLIGHT = "STRATEGYJOB_MAX_IN_FLIGHT"
+ENV_GANG_SCHEDULER = "STRATEGYJOB_GANG_SCHEDULER"
+ENV_RESYNC_SECONDS = "STRATEGYJOB_RESYNC_SECONDS"
+ENV_TERMINATION_GRACE_SECONDS = "STRATEGYJOB_TERMINATION_GRACE_SECONDS"
+ENV_LOST_POD_SECONDS = "STRATEGYJOB_LOST_POD_SECONDS"
+ENV_STARTUP_SECONDS = "STRATEGYJOB_STARTUP_SECONDS"
 
 #: Name of the container port the operator adds to the training container.
 PORT_NAME = "sjob-port"

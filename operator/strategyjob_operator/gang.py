@@ -63,7 +63,7 @@ def gang_scheduler(name: str | None) -> GangScheduler | None:
         return GANG_SCHEDULERS[name]
     except KeyError:
         raise ValueError(
-            f"STRATEGYJOB_GANG_SCHEDULER={name!r} is not a gang scheduler the operator knows; "
+            f"{c.ENV_GANG_SCHEDULER}={name!r} is not a gang scheduler the operator knows; "
             f"use one of {sorted(GANG_SCHEDULERS)} or leave it empty for none"
         ) from None
 

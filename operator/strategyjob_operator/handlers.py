@@ -78,7 +78,7 @@ def _resync_seconds(value: str) -> float | None:
         seconds = -1.0
     if not seconds >= 0 or seconds == float("inf"):
         raise ValueError(
-            f"STRATEGYJOB_RESYNC_SECONDS={value!r} is not a number of seconds: set it to "
+            f"{c.ENV_RESYNC_SECONDS}={value!r} is not a number of seconds: set it to "
             "e.g. 60, or 0 to turn the periodic resync off."
         )
     return seconds or None
@@ -89,7 +89,7 @@ def _grace_seconds(value: str) -> int:
     sets none."""
     if not value.strip().isdigit():
         raise ValueError(
-            f"STRATEGYJOB_TERMINATION_GRACE_SECONDS={value!r} is not a whole number of "
+            f"{c.ENV_TERMINATION_GRACE_SECONDS}={value!r} is not a whole number of "
             "seconds: set it to e.g. 60 (a pod template's terminationGracePeriodSeconds wins)."
         )
     return int(value)
@@ -113,25 +113,23 @@ def _lost_pod_seconds(value: str) -> float:
     """``STRATEGYJOB_LOST_POD_SECONDS``: how long a pod may be in phase Unknown, or stay
     terminating past its grace period on a node that is gone or NotReady, before the
     operator fails its replica or force-deletes it."""
-    return positive_seconds("STRATEGYJOB_LOST_POD_SECONDS", value, DEFAULT_LOST_POD_SECONDS)
+    return positive_seconds(c.ENV_LOST_POD_SECONDS, value, DEFAULT_LOST_POD_SECONDS)
 
 
 def settings_from_env() -> OperatorSettings:
-    port = os.environ.get("STRATEGYJOB_METRICS_PORT", "8080")
+    port = os.environ.get(c.ENV_METRICS_PORT, "8080")
     return OperatorSettings(
-        max_in_flight=int(os.environ.get("STRATEGYJOB_MAX_IN_FLIGHT", "50")),
+        max_in_flight=int(os.environ.get(c.ENV_MAX_IN_FLIGHT, "50")),
         metrics_port=int(port) if port and port != "0" else None,
-        gang_scheduler=gang.gang_scheduler(os.environ.get("STRATEGYJOB_GANG_SCHEDULER")),
+        gang_scheduler=gang.gang_scheduler(os.environ.get(c.ENV_GANG_SCHEDULER)),
         resync_seconds=_resync_seconds(
-            os.environ.get("STRATEGYJOB_RESYNC_SECONDS", f"{DEFAULT_RESYNC_SECONDS:g}")
+            os.environ.get(c.ENV_RESYNC_SECONDS, f"{DEFAULT_RESYNC_SECONDS:g}")
         ),
         termination_grace_seconds=_grace_seconds(
-            os.environ.get(
-                "STRATEGYJOB_TERMINATION_GRACE_SECONDS", str(DEFAULT_TERMINATION_GRACE_SECONDS)
-            )
+            os.environ.get(c.ENV_TERMINATION_GRACE_SECONDS, str(DEFAULT_TERMINATION_GRACE_SECONDS))
         ),
         lost_pod_seconds=_lost_pod_seconds(
-            os.environ.get("STRATEGYJOB_LOST_POD_SECONDS", f"{DEFAULT_LOST_POD_SECONDS:g}")
+            os.environ.get(c.ENV_LOST_POD_SECONDS, f"{DEFAULT_LOST_POD_SECONDS:g}")
         ),
     )
 

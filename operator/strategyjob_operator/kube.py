@@ -387,7 +387,7 @@ class KubeApi:
             "lastTimestamp": now,
             "count": 1,
             "source": {"component": "strategyjob-operator"},
-            "reportingComponent": "strategyjob.dev/operator",
+            "reportingComponent": f"{c.GROUP}/operator",
         }
         await self.request("POST", self.core_path(ns, "events"), body=event)
 

@@ -89,7 +89,7 @@ def blocked_message(job_name: str, blocked: list[str]) -> str:
     return (
         f"{len(blocked)} objects have names StrategyJob {job_name} needs and are not "
         f"controlled by it: {named}. Delete them (a job deleted with --cascade=orphan leaves "
-        f"them labelled strategyjob.dev/job-name={job_name}), or give the job another name."
+        f"them labelled {c.LABEL_JOB_NAME}={job_name}), or give the job another name."
     )
 
 

@@ -38,19 +38,15 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from strategyjob import _names
+
 logger = logging.getLogger("strategyjob")
 
-ANNOTATION = "strategyjob.dev/progress"
+ANNOTATION = _names.ANNOTATION_PROGRESS
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-ENV_INTERVAL = "STRATEGYJOB_PROGRESS_INTERVAL"
-ENV_KUBE_API = "STRATEGYJOB_KUBE_API"
-ENV_SERVICEACCOUNT_DIR = "STRATEGYJOB_SERVICEACCOUNT_DIR"
-# Same names as strategyjob.jobspec (not imported: report() must stay cheap to import).
-_ENV_REPLICA_TYPE = "STRATEGYJOB_REPLICA_TYPE"
-_ENV_REPLICA_INDEX = "STRATEGYJOB_REPLICA_INDEX"
-_ENV_POD_NAME = "STRATEGYJOB_POD_NAME"
-_ENV_NAMESPACE = "STRATEGYJOB_NAMESPACE"
-_ENV_PROGRESS_FILE = "STRATEGYJOB_PROGRESS_FILE"
+ENV_INTERVAL = _names.ENV_PROGRESS_INTERVAL
+ENV_KUBE_API = _names.ENV_KUBE_API
+ENV_SERVICEACCOUNT_DIR = _names.ENV_SERVICEACCOUNT_DIR
 _HTTP_TIMEOUT = 5.0
 #: How long the exit of a process waits for its last report to be written.
 _EXIT_FLUSH_SECONDS = 5.0
@@ -64,13 +60,13 @@ def now_rfc3339() -> str:
 def is_leader(env: Mapping[str, str] = os.environ) -> bool:
     """Whether this process is the job's leader: the chief, else worker 0 when the job
     has no chief (read from ``TF_CONFIG``'s cluster)."""
-    replica_type = env.get(_ENV_REPLICA_TYPE)
+    replica_type = env.get(_names.ENV_REPLICA_TYPE)
     if replica_type == "chief":
-        return env.get(_ENV_REPLICA_INDEX, "0") == "0"
-    if replica_type != "worker" or env.get(_ENV_REPLICA_INDEX, "0") != "0":
+        return env.get(_names.ENV_REPLICA_INDEX, "0") == "0"
+    if replica_type != "worker" or env.get(_names.ENV_REPLICA_INDEX, "0") != "0":
         return False
     try:
-        cluster = json.loads(env.get("TF_CONFIG") or "{}").get("cluster") or {}
+        cluster = json.loads(env.get(_names.ENV_TF_CONFIG) or "{}").get("cluster") or {}
     except (ValueError, AttributeError):
         cluster = {}
     return not cluster.get("chief")
@@ -206,10 +202,10 @@ class _PodAnnotationSink:
 
 def _sink_from_env(env: Any = os.environ) -> Any:
     """Where this process reports: the launcher's file, the pod's annotation, or nowhere."""
-    path = env.get(_ENV_PROGRESS_FILE)
+    path = env.get(_names.ENV_PROGRESS_FILE)
     if path:
         return _FileSink(path)
-    pod = env.get(_ENV_POD_NAME)
+    pod = env.get(_names.ENV_POD_NAME)
     api = env.get(ENV_KUBE_API)
     if not api and env.get("KUBERNETES_SERVICE_HOST"):
         host = env["KUBERNETES_SERVICE_HOST"]
@@ -218,7 +214,7 @@ def _sink_from_env(env: Any = os.environ) -> Any:
     sa_dir = env.get(ENV_SERVICEACCOUNT_DIR) or SERVICEACCOUNT_DIR
     if not (pod and api and os.path.exists(os.path.join(sa_dir, "token"))):
         return None
-    namespace = env.get(_ENV_NAMESPACE)
+    namespace = env.get(_names.ENV_NAMESPACE)
     if not namespace:
         try:
             with open(os.path.join(sa_dir, "namespace"), encoding="utf-8") as f:

@@ -23,6 +23,8 @@ import logging
 import os
 import sys
 
+from strategyjob import _names
+
 __all__ = ["main"]  # and `Server`, loaded lazily
 
 
@@ -85,7 +87,7 @@ def _tune_process() -> None:
         torch.set_num_threads(1)
 
 
-_TOKEN_ENV = "STRATEGYJOB_TOKEN"  # (strategyjob.ps._transport.TOKEN_ENV, not imported yet)
+_TOKEN_ENV = _names.ENV_TOKEN  # read as strategyjob.ps._transport reads it (not imported yet)
 _TF_CONFIG_EXAMPLE = (
     '{"cluster": {"worker": ["host:port"], "ps": ["host:port"]}, '
     '"task": {"type": "worker", "index": 0}}'
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         split_address(address, f"/job:{job}/task:{index}")
     except Exception as exc:  # whatever TF_CONFIG holds: one line, not a traceback
         line = _first_line(exc)
-        if "TF_CONFIG" not in line:
+        if _names.ENV_TF_CONFIG not in line:
             line = f"bad TF_CONFIG: {line.rstrip('.')}. Expected e.g. {_TF_CONFIG_EXAMPLE}"
         return _fail(line)
     try:

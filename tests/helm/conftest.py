@@ -1,9 +1,9 @@
 """Chart fixtures: helm (offline), the local control plane with an audit log (session), and
 the chart installed once with its default values (session).
 
-The control plane is the integration tests' (tests/integration/control_plane.py), imported
-the way their conftest does: pytest puts a conftest's folder on sys.path, so this one adds
-tests/integration next to it.
+The control plane is ``tests/support/control_plane.py``; the integration tests' harness
+(``integration_harness``) is imported the way their conftest does: pytest puts a conftest's
+folder on sys.path, so this one adds tests/integration next to it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from control_plane import find_binaries
 from helm_harness import CHART, AuditedControlPlane, Helm, Release, helm_binary
+
+from tests.support.control_plane import find_binaries
 
 _CLUSTER_TESTS = Path(__file__).parent / "test_helm_cluster.py"
 

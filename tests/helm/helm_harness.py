@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from control_plane import REPO_ROOT, ControlPlane
+
+from tests.support.control_plane import REPO_ROOT, ControlPlane
 
 CHART = REPO_ROOT / "helm" / "strategyjob-operator"
 RUN_TIMEOUT = 120.0

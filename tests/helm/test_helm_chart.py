@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
-from control_plane import REPO_ROOT
 from helm_harness import CHART, Helm, find, only, rule_keys
 from operator_api_calls import calls_for
+
+from tests.support.control_plane import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 

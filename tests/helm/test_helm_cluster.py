@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from control_plane import free_port
 from helm_harness import (
     CHART,
     AuditedControlPlane,
@@ -31,6 +30,8 @@ from helm_harness import (
 )
 from integration_harness import Kube, manifest, wait_for
 from operator_api_calls import calls_for
+
+from tests.support.control_plane import free_port
 
 pytestmark = pytest.mark.timeout(240)
 

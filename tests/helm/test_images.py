@@ -15,7 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from control_plane import REPO_ROOT
+
+from tests.support.control_plane import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,11 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from control_plane import REPO_ROOT, ControlPlane, find_binaries
 from integration_harness import Kube, OperatorProcess
 
 # The kind cluster (tools/kind) that every `kind` module shares: one per session.
 from kind_support import MEASURED, kind_cluster  # noqa: F401
+
+from tests.support.control_plane import REPO_ROOT, ControlPlane, find_binaries
 
 _HERE = Path(__file__).parent
 

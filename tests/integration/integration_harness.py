@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from control_plane import REPO_ROOT, ControlPlane, free_port
+from tests.support.control_plane import REPO_ROOT, ControlPlane, free_port
 
 
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 30.0, interval=0.1) -> Any:

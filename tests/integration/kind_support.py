@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from control_plane import REPO_ROOT, find_binaries
+
+from tests.support.control_plane import REPO_ROOT, find_binaries
 
 KIND = REPO_ROOT / "tools" / "kind"
 DOCKERD = REPO_ROOT / "tools" / "images" / "dockerd.sh"

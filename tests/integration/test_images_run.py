@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from control_plane import REPO_ROOT, free_port
 from integration_harness import manifest, wait_for
+
+from tests.support.control_plane import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.images
 EXAMPLES = REPO_ROOT / "examples"

@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
-from control_plane import REPO_ROOT
 from integration_harness import manifest, wait_for
 from strategyjob.client import (
     ClusterError,
@@ -30,6 +29,8 @@ from strategyjob.client import (
     StrategyJob,
     StrategyJobClient,
 )
+
+from tests.support.control_plane import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
 

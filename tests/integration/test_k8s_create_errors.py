@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from control_plane import REPO_ROOT
 from integration_harness import Kube, OperatorProcess, manifest, wait_for
+
+from tests.support.control_plane import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "helm"))
 from helm_harness import can, chart_account, helm_binary

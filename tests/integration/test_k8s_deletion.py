@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from control_plane import ControlPlane
 from integration_harness import Kube, OperatorProcess, manifest, wait_for
+
+from tests.support.control_plane import ControlPlane
 
 pytestmark = pytest.mark.timeout(180)
 

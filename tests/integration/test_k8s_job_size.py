@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
-from control_plane import REPO_ROOT
 from integration_harness import OperatorProcess, manifest, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from strategyjob import jobspec
+
+from tests.support.control_plane import REPO_ROOT
 
 CHART_VALUES = REPO_ROOT / "helm" / "strategyjob-operator" / "values.yaml"
 #: The operator's peak RSS may use at most this share of the chart's memory limit.

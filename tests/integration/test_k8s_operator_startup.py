@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 import yaml
-from control_plane import REPO_ROOT, ControlPlane, free_port
 
 from tests.support.certs import self_signed_ca
+from tests.support.control_plane import REPO_ROOT, ControlPlane, free_port
 
 pytestmark = pytest.mark.timeout(150)
 

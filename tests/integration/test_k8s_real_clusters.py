@@ -14,14 +14,15 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from control_plane import REPO_ROOT, ControlPlane, find_binaries
 from integration_harness import Kube, OperatorProcess, manifest, wait_for
+
+from tests.support.certs import client_certificate, self_signed_ca
+from tests.support.control_plane import REPO_ROOT, ControlPlane, find_binaries
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "helm"))
 from helm_harness import chart_account, helm_binary
@@ -47,63 +48,15 @@ class Pki:
 
 
 def _make_pki(directory: Path) -> Pki:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.now(UTC)
-
-    def build(subject: x509.Name, issuer: x509.Name, key: Any, signer: Any, ca: bool):
-        usage = x509.KeyUsage(
-            digital_signature=True,
-            content_commitment=False,
-            key_encipherment=not ca,
-            data_encipherment=False,
-            key_agreement=False,
-            key_cert_sign=ca,
-            crl_sign=ca,
-            encipher_only=False,
-            decipher_only=False,
-        )
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(hours=2))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-            .add_extension(usage, critical=True)
-        )
-        if not ca:
-            builder = builder.add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-            )
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "strategyjob-test-client-ca")])
-    ca = build(ca_name, ca_name, ca_key, ca_key, ca=True)
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    subject = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-            x509.NameAttribute(NameOID.COMMON_NAME, CLIENT_USER),
-        ]
+    # RSA keys, the client key written "BEGIN RSA PRIVATE KEY", as kind and kubeadm do.
+    ca = self_signed_ca("strategyjob-test-client-ca", key_type="rsa", hours=2)
+    cert, key = client_certificate(
+        ca, CLIENT_USER, organizations=["system:masters"], key_type="rsa", hours=2
     )
-    cert = build(subject, ca_name, key, ca_key, ca=False)
     pki = Pki(directory / "client-ca.crt", directory / "client.crt", directory / "client.key")
-    pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pki.key.write_bytes(
-        key.private_bytes(  # "BEGIN RSA PRIVATE KEY", as kind and kubeadm write it
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
+    pki.ca.write_text(ca[0])
+    pki.cert.write_text(cert)
+    pki.key.write_text(key)
     pki.key.chmod(0o600)
     return pki
 

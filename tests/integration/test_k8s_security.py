@@ -22,8 +22,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from control_plane import REPO_ROOT
 from integration_harness import manifest, wait_for
+
+from tests.support.control_plane import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_plane import REPO_ROOT
 from kind_support import KIND, Cluster, poll, report, run
+
+from tests.support.control_plane import REPO_ROOT
 
 pytestmark = [pytest.mark.kind, pytest.mark.timeout(3000)]
 

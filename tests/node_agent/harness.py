@@ -19,7 +19,7 @@ REPO_ROOT = TESTS.parent
 if str(TESTS / "integration") not in sys.path:
     sys.path.insert(0, str(TESTS / "integration"))
 
-from control_plane import ControlPlane, find_binaries  # noqa: E402
+from tests.support.control_plane import ControlPlane, find_binaries  # noqa: E402
 
 #: Controllers beyond garbage collection and namespace cleanup: Deployments (the chart's
 #: operator) and the default ServiceAccount of each namespace.

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from strategyjob import jobspec
+from strategyjob._names import GROUP, LABEL_JOB_NAME, PLURAL, VERSION
 from strategyjob.client._errors import to_cluster_error
 from strategyjob.client._logs import LogLine, merge_by_time, split_lines
 from strategyjob.client._view import (
-    LABEL_JOB_NAME,
     STATES,
     ReplicaInfo,
     SubmittedJob,
@@ -32,9 +32,6 @@ from strategyjob.client._view import (
 )
 from strategyjob.errors import ClusterError, JobFailedError, StrategyJobError
 
-GROUP = "strategyjob.dev"
-VERSION = "v1alpha1"
-PLURAL = "strategyjobs"
 _SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 #: Longest single watch request inside ``wait``; the watch is renewed until the deadline.
 _WATCH_SLICE_SECONDS = 60.0

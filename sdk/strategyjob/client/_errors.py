@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from strategyjob._names import GROUP, PLURAL
 from strategyjob.errors import ClusterError, JobNotFoundError
 
 #: What the API server puts before a CEL rule's message (``"object": `` before 1.3x).
@@ -65,7 +66,7 @@ def describe_api_error(
     if status == 403:
         return (
             f"permission denied: {server_message or f'cannot {action} {what} in {where}'}. "
-            "Ask the cluster's admin for RBAC on strategyjobs.strategyjob.dev (and pods).",
+            f"Ask the cluster's admin for RBAC on {PLURAL}.{GROUP} (and pods).",
             reason or "Forbidden",
         )
     if status == 401:

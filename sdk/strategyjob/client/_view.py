@@ -10,11 +10,6 @@ from typing import Any
 
 from strategyjob.jobspec import REPLICA_TYPES, training_container
 
-#: The labels the operator puts on every pod of a job (``strategyjob_operator.constants``).
-LABEL_JOB_NAME = "strategyjob.dev/job-name"
-LABEL_REPLICA_TYPE = "strategyjob.dev/replica-type"
-LABEL_REPLICA_INDEX = "strategyjob.dev/replica-index"
-
 #: The states the operator writes to ``status.state`` (its condition types).
 STATES: tuple[str, ...] = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 FINISHED_STATES: tuple[str, ...] = ("Succeeded", "Failed")

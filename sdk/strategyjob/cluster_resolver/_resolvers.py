@@ -9,10 +9,11 @@ import json
 import os
 from typing import Any
 
+from strategyjob import _names
 from strategyjob.cluster_resolver._cluster_spec import ClusterSpec
 from strategyjob.errors import StrategyJobError
 
-_TF_CONFIG = "TF_CONFIG"
+_TF_CONFIG = _names.ENV_TF_CONFIG
 _SESSION_MASTER_KEY = "session_master"
 _RPC_LAYER_KEY = "rpc_layer"
 _TASK_KEY = "task"

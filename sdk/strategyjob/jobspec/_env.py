@@ -7,30 +7,32 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from strategyjob import _names
 from strategyjob.jobspec._model import REPLICA_TYPES, TRAINING_CONTAINER_NAME, StrategyJob
 
-#: Variables :func:`replica_env` sets (RANK and WORLD_SIZE only for chief and worker).
-ENV_TF_CONFIG = "TF_CONFIG"
-ENV_MASTER_ADDR = "MASTER_ADDR"
-ENV_MASTER_PORT = "MASTER_PORT"
-ENV_WORLD_SIZE = "WORLD_SIZE"
-ENV_RANK = "RANK"
-ENV_JOB_NAME = "STRATEGYJOB_JOB_NAME"
-ENV_NAMESPACE = "STRATEGYJOB_NAMESPACE"
-ENV_STRATEGY = "STRATEGYJOB_STRATEGY"
-ENV_REPLICA_TYPE = "STRATEGYJOB_REPLICA_TYPE"
-ENV_REPLICA_INDEX = "STRATEGYJOB_REPLICA_INDEX"
-ENV_POD_NAME = "STRATEGYJOB_POD_NAME"
+#: Variables :func:`replica_env` sets (RANK and WORLD_SIZE only for chief and worker); their
+#: names are defined once, in strategyjob._names.
+ENV_TF_CONFIG = _names.ENV_TF_CONFIG
+ENV_MASTER_ADDR = _names.ENV_MASTER_ADDR
+ENV_MASTER_PORT = _names.ENV_MASTER_PORT
+ENV_WORLD_SIZE = _names.ENV_WORLD_SIZE
+ENV_RANK = _names.ENV_RANK
+ENV_JOB_NAME = _names.ENV_JOB_NAME
+ENV_NAMESPACE = _names.ENV_NAMESPACE
+ENV_STRATEGY = _names.ENV_STRATEGY
+ENV_REPLICA_TYPE = _names.ENV_REPLICA_TYPE
+ENV_REPLICA_INDEX = _names.ENV_REPLICA_INDEX
+ENV_POD_NAME = _names.ENV_POD_NAME
 #: Which run of the job this replica belongs to: 0, then one more per restart (whole-job or of
 #: this replica), so that training code and logs can tell the attempts apart (JobSet's
 #: restart attempt).
-ENV_RESTART_ATTEMPT = "STRATEGYJOB_RESTART_ATTEMPT"
+ENV_RESTART_ATTEMPT = _names.ENV_RESTART_ATTEMPT
 
 #: The job's shared secret, checked by the parameter-server gRPC servers
 #: (``strategyjob.ps._transport.TOKEN_ENV``). Not part of :func:`replica_env`: the operator
 #: injects it from the job's Secret (``valueFrom.secretKeyRef``, key :data:`TOKEN_SECRET_KEY`)
 #: so the value never appears in a pod spec, and ``strategyjob run`` sets a fresh one per job.
-ENV_TOKEN = "STRATEGYJOB_TOKEN"
+ENV_TOKEN = _names.ENV_TOKEN
 TOKEN_SECRET_KEY = "token"
 #: Every job's token Secret is named ``<job>-<uid>`` + this suffix, a name no other object
 #: has a reason to use, so that the loader can refuse a template that names another job's
@@ -41,7 +43,7 @@ TOKEN_SECRET_SUFFIX = "-strategyjob-token"
 #: would then hold that job's rights). A user's own ServiceAccount stays allowed.
 SERVICE_ACCOUNT_SUFFIX = "-strategyjob-sa"
 #: Under ``strategyjob run``: the file the leader's ``strategyjob.report`` appends to.
-ENV_PROGRESS_FILE = "STRATEGYJOB_PROGRESS_FILE"
+ENV_PROGRESS_FILE = _names.ENV_PROGRESS_FILE
 
 #: Replica types that take part in training collectives and get a torch rank.
 TRAINING_REPLICA_TYPES = ("chief", "worker")

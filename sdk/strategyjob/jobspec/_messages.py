@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from strategyjob import _names
+
 _MAX_VALUE_CHARS = 80
 
 
@@ -28,12 +30,12 @@ def format_value(value: Any) -> str:
 NOT_A_MAPPING = "{path}: must be a mapping of fields (got {value}). Write it as `key: value` lines."
 NOT_A_MANIFEST = (
     "manifest: a StrategyJob manifest must be a mapping (got {value}). "
-    "Start the file with apiVersion: strategyjob.dev/v1alpha1 and kind: StrategyJob."
+    f"Start the file with apiVersion: {_names.API_VERSION} and kind: {_names.KIND}."
 )
 BAD_API_VERSION = (
-    "apiVersion: unsupported apiVersion (got {value}). Use apiVersion: strategyjob.dev/v1alpha1."
+    f"apiVersion: unsupported apiVersion (got {{value}}). Use apiVersion: {_names.API_VERSION}."
 )
-BAD_KIND = "kind: unsupported kind (got {value}). Use kind: StrategyJob."
+BAD_KIND = f"kind: unsupported kind (got {{value}}). Use kind: {_names.KIND}."
 UNKNOWN_FIELD = "{path}: unknown field (got {value}). Remove it or use one of: {known}."
 MISSING_SPEC = (
     "spec: the manifest has no spec (got {value}). Add spec with strategy and replicaSpecs."

@@ -6,10 +6,13 @@ One definition of the fields, their defaults and their allowed values, read by
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, TypeVar, Unpack, get_type_hints
 
+from strategyjob import _names
 from strategyjob.errors import StrategyJobError
 
 
@@ -22,8 +25,8 @@ class ManifestError(StrategyJobError):
         super().__init__("\n".join(self.problems))
 
 
-API_VERSION = "strategyjob.dev/v1alpha1"
-KIND = "StrategyJob"
+API_VERSION = _names.API_VERSION
+KIND = _names.KIND
 
 STRATEGIES: tuple[str, ...] = (
     "MirroredStrategy",
@@ -142,6 +145,94 @@ class RunPolicy:
     pending_timeout_seconds: int | None = None
 
 
+class _RequiredBuildOptions(TypedDict):
+    strategy: str
+    image: str
+    command: Sequence[str]
+
+
+class BuildOptions(_RequiredBuildOptions, total=False):
+    """The keywords of :meth:`StrategyJob.build` and ``build_manifest``, defined once for
+    both: their signatures (``help()``) and their static types (``**options:
+    Unpack[BuildOptions]``) come from here. ``strategy``, ``image`` and ``command`` are
+    required; every other keyword defaults to None (the manifest's default) unless
+    :data:`BUILD_DEFAULTS` says otherwise."""
+
+    workers: int | None
+    ps: int | None
+    chief: bool | None
+    evaluator: bool
+    gpus_per_worker: int
+    env: Mapping[str, Any] | None
+    namespace: str | None
+    restart_policy: str | None
+    resources: Mapping[str, Any] | None
+    backoff_limit: int | None
+    active_deadline_seconds: int | None
+    ttl_seconds_after_finished: int | None
+    clean_pod_policy: str | None
+    success_policy: str | None
+    port: int | None
+    labels: Mapping[str, str] | None
+    annotations: Mapping[str, str] | None
+
+
+#: The optional keywords of :class:`BuildOptions` whose default is not None.
+BUILD_DEFAULTS: Mapping[str, Any] = {"evaluator": False, "gpus_per_worker": 0}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@functools.cache
+def build_signature(
+    first: str | None = None, returns: Any = inspect.Signature.empty
+) -> inspect.Signature:
+    """``(name: str, *, <the keywords of BuildOptions>)``, with ``first`` (``cls``) before
+    ``name`` when given."""
+    hints = get_type_hints(BuildOptions)
+    required = BuildOptions.__required_keys__
+    parameters = (
+        [] if first is None else [inspect.Parameter(first, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    )
+    parameters.append(
+        inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+    )
+    for key, hint in hints.items():
+        parameters.append(
+            inspect.Parameter(
+                key,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=hint,
+                default=inspect.Parameter.empty if key in required else BUILD_DEFAULTS.get(key),
+            )
+        )
+    return inspect.Signature(parameters, return_annotation=returns)
+
+
+def takes_build_options(
+    first: str | None = None, returns: Any = inspect.Signature.empty
+) -> Callable[[_F], _F]:
+    """Give a ``(name, **options: Unpack[BuildOptions])`` function the signature it takes,
+    for ``help()`` and ``inspect`` (``first``: ``cls`` of a classmethod)."""
+
+    def apply(target: _F) -> _F:
+        target.__signature__ = build_signature(first, returns)  # type: ignore[attr-defined]
+        return target
+
+    return apply
+
+
+def bind_build_options(function: str, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Every keyword of :class:`BuildOptions`, defaults filled in; a missing or unknown
+    keyword raises TypeError as Python does for a function that spells them out."""
+    try:
+        bound = build_signature().bind(name, **options)
+    except TypeError as e:
+        raise TypeError(f"{function}() {e}; see help({function})") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
 @dataclass(frozen=True)
 class StrategyJob:
     """A validated StrategyJob. Build it with :func:`load_manifest`.
@@ -187,31 +278,8 @@ class StrategyJob:
         return _codec().to_manifest(self)
 
     @classmethod
-    def build(
-        cls,
-        name: str,
-        *,
-        strategy: str,
-        image: str,
-        command: Sequence[str],
-        workers: int | None = None,
-        ps: int | None = None,
-        chief: bool | None = None,
-        evaluator: bool = False,
-        gpus_per_worker: int = 0,
-        env: Mapping[str, Any] | None = None,
-        namespace: str | None = None,
-        restart_policy: str | None = None,
-        resources: Mapping[str, Any] | None = None,
-        backoff_limit: int | None = None,
-        active_deadline_seconds: int | None = None,
-        ttl_seconds_after_finished: int | None = None,
-        clean_pod_policy: str | None = None,
-        success_policy: str | None = None,
-        port: int | None = None,
-        labels: Mapping[str, str] | None = None,
-        annotations: Mapping[str, str] | None = None,
-    ) -> StrategyJob:
+    @takes_build_options(first="cls", returns="StrategyJob")
+    def build(cls, name: str, **options: Unpack[BuildOptions]) -> StrategyJob:
         """A job for the common case, without writing YAML: one image, one ``command``.
 
         Every replica gets a container named ``strategyjob`` with ``image``, ``env`` and
@@ -223,34 +291,12 @@ class StrategyJob:
         compute: the workers, and the chief except under ParameterServerStrategy. The
         other keywords are the manifest's ``runPolicy``/``spec`` fields; None keeps the
         default. Raises :class:`ManifestError` with the messages a manifest with the
-        same mistake gets.
+        same mistake gets. The keywords are :class:`BuildOptions` (shared with
+        ``build_manifest``).
         """
+        bind_build_options("StrategyJob.build", name, options)  # TypeError names build
         codec = _codec()
-        return codec.load_manifest(
-            codec.build_manifest(
-                name,
-                strategy=strategy,
-                image=image,
-                command=command,
-                workers=workers,
-                ps=ps,
-                chief=chief,
-                evaluator=evaluator,
-                gpus_per_worker=gpus_per_worker,
-                env=env,
-                namespace=namespace,
-                restart_policy=restart_policy,
-                resources=resources,
-                backoff_limit=backoff_limit,
-                active_deadline_seconds=active_deadline_seconds,
-                ttl_seconds_after_finished=ttl_seconds_after_finished,
-                clean_pod_policy=clean_pod_policy,
-                success_policy=success_policy,
-                port=port,
-                labels=labels,
-                annotations=annotations,
-            )
-        )
+        return codec.load_manifest(codec.build_manifest(name, **options))
 
 
 class Codec(NamedTuple):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from strategyjob.jobspec._model import (
     API_VERSION,
@@ -24,7 +24,10 @@ from strategyjob.jobspec._model import (
     KIND,
     SINGLE_PROCESS_STRATEGIES,
     TRAINING_CONTAINER_NAME,
+    BuildOptions,
     ManifestError,
+    bind_build_options,
+    takes_build_options,
 )
 
 if TYPE_CHECKING:
@@ -97,33 +100,26 @@ def _run_policy(job: StrategyJob) -> dict[str, Any]:
     return out
 
 
-def build_manifest(
-    name: str,
-    *,
-    strategy: str,
-    image: str,
-    command: Sequence[str],
-    workers: int | None = None,
-    ps: int | None = None,
-    chief: bool | None = None,
-    evaluator: bool = False,
-    gpus_per_worker: int = 0,
-    env: Mapping[str, Any] | None = None,
-    namespace: str | None = None,
-    restart_policy: str | None = None,
-    resources: Mapping[str, Any] | None = None,
-    backoff_limit: int | None = None,
-    active_deadline_seconds: int | None = None,
-    ttl_seconds_after_finished: int | None = None,
-    clean_pod_policy: str | None = None,
-    success_policy: str | None = None,
-    port: int | None = None,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The manifest :meth:`StrategyJob.build` validates; see there for the arguments.
-    Raises :class:`ManifestError` for arguments no manifest could express (a command
-    given as one string, a negative GPU count)."""
+@takes_build_options(returns=dict[str, Any])
+def build_manifest(name: str, **options: Unpack[BuildOptions]) -> dict[str, Any]:
+    """The manifest :meth:`StrategyJob.build` validates; see there for the arguments
+    (:class:`BuildOptions`). Raises :class:`ManifestError` for arguments no manifest could
+    express (a command given as one string, a negative GPU count)."""
+    args = bind_build_options("build_manifest", name, options)
+    strategy: str = args["strategy"]
+    image: str = args["image"]
+    command: Sequence[str] = args["command"]
+    workers: int | None = args["workers"]
+    ps: int | None = args["ps"]
+    chief: bool | None = args["chief"]
+    evaluator: bool = args["evaluator"]
+    gpus_per_worker: int = args["gpus_per_worker"]
+    env: Mapping[str, Any] | None = args["env"]
+    namespace: str | None = args["namespace"]
+    restart_policy: str | None = args["restart_policy"]
+    resources: Mapping[str, Any] | None = args["resources"]
+    labels: Mapping[str, str] | None = args["labels"]
+    annotations: Mapping[str, str] | None = args["annotations"]
 
     problems = _check_container_args(image, command, gpus_per_worker)
     if problems:
@@ -185,19 +181,19 @@ def build_manifest(
     run_policy = {
         key: value
         for key, value, default in (
-            ("backoffLimit", backoff_limit, DEFAULT_BACKOFF_LIMIT),
-            ("activeDeadlineSeconds", active_deadline_seconds, None),
-            ("ttlSecondsAfterFinished", ttl_seconds_after_finished, None),
-            ("cleanPodPolicy", clean_pod_policy, DEFAULT_CLEAN_POD_POLICY),
+            ("backoffLimit", args["backoff_limit"], DEFAULT_BACKOFF_LIMIT),
+            ("activeDeadlineSeconds", args["active_deadline_seconds"], None),
+            ("ttlSecondsAfterFinished", args["ttl_seconds_after_finished"], None),
+            ("cleanPodPolicy", args["clean_pod_policy"], DEFAULT_CLEAN_POD_POLICY),
         )
         if value is not None and value != default
     }
     if run_policy:
         spec["runPolicy"] = run_policy
-    if success_policy:
-        spec["successPolicy"] = success_policy
-    if port is not None and port != DEFAULT_PORT:
-        spec["port"] = port
+    if args["success_policy"]:
+        spec["successPolicy"] = args["success_policy"]
+    if args["port"] is not None and args["port"] != DEFAULT_PORT:
+        spec["port"] = args["port"]
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 

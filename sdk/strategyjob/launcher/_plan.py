@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strategyjob import _names
 from strategyjob.errors import StrategyJobError
 from strategyjob.jobspec import (
     REPLICA_TYPES,
@@ -24,12 +25,12 @@ from strategyjob.jobspec import (
 LOCAL_HOST = "127.0.0.1"
 #: Rendezvous variables never inherited from the launcher's own environment.
 _CLEARED_ENV = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
+    _names.ENV_RANK,
+    _names.ENV_WORLD_SIZE,
+    _names.ENV_LOCAL_RANK,
+    _names.ENV_LOCAL_WORLD_SIZE,
+    _names.ENV_MASTER_ADDR,
+    _names.ENV_MASTER_PORT,
 )
 _PYTHON_NAMES = ("python", "python3")
 #: The most replicas ``strategyjob run`` starts, whatever the open-file limit: each is a

@@ -32,7 +32,7 @@ from strategyjob.launcher._plan import (
     local_cluster,
     reserve_open_files,
 )
-from strategyjob.launcher._supervisor import LocalProcessSupervisor
+from strategyjob.launcher._supervisor import LocalProcessSupervisor, ProcessSupervisor
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -107,14 +107,28 @@ def grace_period_of(job: StrategyJob, override: float | None = None) -> float:
 
 
 class _JobRun:
-    def __init__(self, job: StrategyJob, workdir: Path, options: RunOptions, console: Console):
+    """One run of a job: the loop that starts the replicas, asks :func:`decide` what next
+    and restarts or stops. ``supervisor`` and ``clock`` are its only contact with the
+    operating system (real processes and ``time.monotonic`` unless given), so the loop's
+    rules are unit-tested with a scripted supervisor and a fake clock."""
+
+    def __init__(
+        self,
+        job: StrategyJob,
+        workdir: Path,
+        options: RunOptions,
+        console: Console,
+        supervisor: ProcessSupervisor | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.job = job
         self.workdir = workdir
         self.options = options
         self.grace = grace_period_of(job, options.grace_period)
         self.console = console
-        self.supervisor = LocalProcessSupervisor(console)
-        self.started = time.monotonic()
+        self.supervisor = supervisor if supervisor is not None else LocalProcessSupervisor(console)
+        self.clock = clock
+        self.started = clock()
         self.restarts = 0
         self.interrupt: int | None = None
         # What the launcher adds for the whole job, as the operator does in a cluster: a
@@ -216,10 +230,10 @@ class _JobRun:
         if self.job.strategy == "ParameterServerStrategy":
             finishing = ("chief",)
         training = [k for k in self.supervisor.running() if k[0] in finishing]
-        deadline = time.monotonic() + self.options.finish_timeout
-        while training and time.monotonic() < deadline:
+        deadline = self.clock() + self.options.finish_timeout
+        while training and self.clock() < deadline:
             self._check_interrupt()
-            self.supervisor.wait(min(_STATUS_REFRESH_SECONDS, deadline - time.monotonic()))
+            self.supervisor.wait(min(_STATUS_REFRESH_SECONDS, deadline - self.clock()))
             running = set(self.supervisor.running())
             training = [k for k in training if k in running]
         stopped = self.supervisor.stop(grace=self.grace)
@@ -259,7 +273,7 @@ class _JobRun:
         self.console.line(f"{_PREFIX} {text}")
 
     def _seconds(self) -> float:
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     def elapsed(self) -> str:
         return format_elapsed(self._seconds())

@@ -38,6 +38,10 @@ class ProcessSupervisor(abc.ABC):
         """The replicas of the current processes that have exited, and how."""
 
     @abc.abstractmethod
+    def running(self) -> list[ReplicaKey]:
+        """The replicas started and not yet exited."""
+
+    @abc.abstractmethod
     def wait(self, timeout: float) -> None:
         """Block until a replica exits, :meth:`wake` is called, or ``timeout`` passes."""
 
@@ -52,6 +56,14 @@ class ProcessSupervisor(abc.ABC):
         """Stop the running replicas among ``keys`` (all by default): SIGTERM to each
         replica's process, SIGKILL to its process group once it exited or after ``grace``
         seconds. Returns the replicas stopped."""
+
+    @abc.abstractmethod
+    def kill_all(self) -> None:
+        """SIGKILL every replica now, without a grace period (safe from a signal handler)."""
+
+    @abc.abstractmethod
+    def forget(self) -> None:
+        """Drop every (stopped) replica and its exit before the job is started again."""
 
 
 @dataclass

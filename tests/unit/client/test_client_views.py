@@ -262,11 +262,18 @@ def test_client_package_imports_without_torch_or_kubernetes():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_pod_labels_match_the_operators():
-    from strategyjob.client import _view
+def test_pod_labels_and_states_match_the_operators():
+    from strategyjob import _names
+    from strategyjob.client import _client, _view
     from strategyjob_operator import constants
 
-    assert _view.LABEL_JOB_NAME == constants.LABEL_JOB_NAME
-    assert _view.LABEL_REPLICA_TYPE == constants.LABEL_REPLICA_TYPE
-    assert _view.LABEL_REPLICA_INDEX == constants.LABEL_REPLICA_INDEX
+    # The client and the operator read one definition of the labels and API coordinates.
+    assert _client.LABEL_JOB_NAME is _names.LABEL_JOB_NAME
+    for name in ("LABEL_JOB_NAME", "LABEL_REPLICA_TYPE", "LABEL_REPLICA_INDEX", "GROUP"):
+        assert getattr(constants, name) is getattr(_names, name)
+    assert (_client.GROUP, _client.VERSION, _client.PLURAL) == (
+        constants.GROUP,
+        constants.VERSION,
+        constants.PLURAL,
+    )
     assert set(_view.STATES) == set(constants.STATE_PRECEDENCE)
