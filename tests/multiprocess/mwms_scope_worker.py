@@ -9,6 +9,7 @@ the trained weights' bytes; and the error an optimizer over parameters of no str
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import io
@@ -61,7 +62,9 @@ def main() -> dict:
         torch.manual_seed(seed)
         return nn.Linear(4, 4), nn.Parameter(torch.randn(4))
 
-    def train(model, opt, xb, yb, run=None, add_later_seed=None) -> list[torch.Tensor]:
+    def train(
+        model, opt, xb, yb, run=None, add_later_seed=None, scope=contextlib.nullcontext
+    ) -> list[torch.Tensor]:
         extra: list[nn.Parameter] = []
 
         def step_fn(xs: torch.Tensor, ys: torch.Tensor) -> None:
@@ -71,10 +74,11 @@ def main() -> dict:
             opt.step()
 
         for k in range(STEPS):
-            if add_later_seed is not None and k == 2:  # built and attached outside any scope
-                model.head, parameter = later_parts(add_later_seed)
-                opt.add_param_group({"params": model.head.parameters()})
-                opt.add_param_group({"params": [parameter]})
+            if add_later_seed is not None and k == 2:  # built and attached in scope, later
+                with scope():
+                    model.head, parameter = later_parts(add_later_seed)
+                    opt.add_param_group({"params": model.head.parameters()})
+                    opt.add_param_group({"params": [parameter]})
                 extra.append(parameter)
             (run or (lambda fn, args: fn(*args)))(step_fn, (xb, yb))
         return [p.detach().clone() for p in [*model.parameters(), *extra]]
@@ -88,7 +92,7 @@ def main() -> dict:
             strategy.run(fn, args=args)
 
         later = mine(5) if add_later else None
-        return train(model, opt, x[shard], y[shard], run, later)
+        return train(model, opt, x[shard], y[shard], run, later, strategy.scope)
 
     def deepcopy_in_scope():
         base = seeded(mine(0), Net)

@@ -160,8 +160,8 @@ def test_chief_state_dict_round_trip_restores_the_ps(shared_cluster):
     coordinator.join()
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     pulls = []
-    original = strategy.extended._pull_parameters
-    strategy.extended._pull_parameters = lambda params: pulls.append(1) or original(params)
+    original = strategy.extended.pull_parameters
+    strategy.extended.pull_parameters = lambda params: pulls.append(1) or original(params)
     model.state_dict()
     with torch.no_grad():
         model(ids)

@@ -79,9 +79,9 @@ def create_distributed_variable(
 ) -> DistributedVariable:
     """A MirroredVariable (ON_WRITE/AUTO) or SyncOnReadVariable (ON_READ) over the local devices.
 
-    The initial value is broadcast from the chief (``extended._broadcast_from_chief``) and every
-    component starts as a copy of component 0. Called inside ``strategy.run``, the variable is
-    created once (in a ``merge_call``) and shared by all replicas.
+    The initial value is broadcast from the chief (``extended.collectives``) and every component
+    starts as a copy of component 0. Called inside ``strategy.run``, the variable is created
+    once (in a ``merge_call``) and shared by all replicas.
     """
     ctx = _in_replica_fn(strategy)
     if ctx is not None:
@@ -107,9 +107,7 @@ def create_distributed_variable(
         tensor.is_floating_point() or tensor.is_complex()
     ):
         raise ValueError(_MEAN_NON_FLOAT_MSG)
-    broadcast = getattr(extended, "_broadcast_from_chief", None)
-    if broadcast is not None:
-        tensor = broadcast(tensor)
+    tensor = extended.collectives.broadcast_from_chief(tensor)
     devices = [_devices.canonicalize(d) for d in extended._local_devices]
     components = []
     for i, device in enumerate(devices):

@@ -20,6 +20,7 @@ from strategyjob._variables._common import (
     _validate_enums,
     _VariableBase,
 )
+from strategyjob._variables._scatter import scatter_
 
 
 class _VariableMeta(type):
@@ -286,24 +287,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
         indices = indices.to(device=self._tensor.device, dtype=torch.long)
         updates = updates.detach().to(device=self._tensor.device, dtype=self._tensor.dtype)
         with self._lock, torch.no_grad():
-            data = self._tensor
-            if op_name == "scatter_update":
-                data.index_copy_(0, indices, updates)
-            elif op_name == "scatter_add":
-                data.index_add_(0, indices, updates)
-            elif op_name == "scatter_sub":
-                data.index_add_(0, indices, -updates)
-            else:
-                reduce = {
-                    "scatter_mul": "prod",
-                    "scatter_div": "prod",
-                    "scatter_min": "amin",
-                    "scatter_max": "amax",
-                }[op_name]
-                if op_name == "scatter_div":
-                    updates = 1 / updates
-                rows = indices.view(-1, *([1] * (updates.dim() - 1))).expand_as(updates)
-                data.scatter_reduce_(0, rows, updates, reduce, include_self=True)
+            scatter_(self._tensor, op_name, indices, updates)
         return self._snapshot()
 
     def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: Any = None):

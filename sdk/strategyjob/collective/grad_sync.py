@@ -72,8 +72,15 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from strategyjob import _context
 from strategyjob._reduce import ReduceOp
+from strategyjob.collective import _torch_internals
 
-__all__ = ["NOT_CREATED_IN_SCOPE", "GradientSynchronizer", "install", "synchronizer_for"]
+__all__ = [
+    "NOT_CREATED_IN_SCOPE",
+    "GradientSynchronizer",
+    "scope_entered",
+    "scope_exited",
+    "synchronizer_for",
+]
 
 #: TensorFlow's error (Keras ``compile``) for a variable not created in the strategy's scope,
 #: its example showing where the PyTorch objects go.
@@ -107,14 +114,11 @@ class _Bypass:
 
 
 # ----------------------------------------------------------------------------- buckets
-def _storage_uses(tensor: torch.Tensor) -> int:
-    """How many tensors (views included) share ``tensor``'s memory."""
-    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
-
+_storage_uses = _torch_internals.storage_uses
 
 #: Averaged gradients are handed back as views of the bucket's buffer (no copy out) where
 #: torch can tell whether a buffer is still seen by some tensor; else they are copied out.
-_HAND_OUT_VIEWS = hasattr(torch._C, "_storage_Use_Count")
+_HAND_OUT_VIEWS = _torch_internals.CAN_COUNT_STORAGE_USES
 #: Buffers a bucket keeps: the one being filled and the one the current ``.grad``s may view
 #: (``zero_grad(set_to_none=False)`` keeps them alive into the next step).
 _BUFFERS_KEPT = 2
@@ -258,10 +262,10 @@ class GradientSynchronizer:
     """The parameters registered with one strategy, and how their gradients are averaged.
 
     The strategy's ``extended`` provides ``_local_devices``, ``_num_workers`` and
-    ``_cross_worker_all_reduce``; optionally ``_cross_worker_all_reduce_async(flat)`` (returns
-    an object with ``wait()``) to overlap communication with backward, and
-    ``_gradient_bucket_bytes``. Strategies that must give new parameters the chief's values
-    take them from :meth:`take_pending_broadcast`.
+    ``collectives`` (a ``collective.backend.CollectiveBackend``): gradient buckets of
+    ``bucket_bytes`` start with ``all_reduce_async`` to overlap communication with backward,
+    other gradients go through ``all_reduce``. Strategies that must give new parameters the
+    chief's values take them from :meth:`take_pending_broadcast`.
 
     Every parameter registered with the strategy stays in its buckets for the strategy's
     lifetime (a deterministic layout, identical on every worker); with several models in one
@@ -282,6 +286,7 @@ class GradientSynchronizer:
         self._local: int | None = None
         self._workers: int | None = None
         self._overlap: bool | None = None
+        self._start_all_reduce: Callable[[torch.Tensor], Any] | None = None  # set with _overlap
 
     @property
     def extended(self) -> Any:
@@ -327,16 +332,14 @@ class GradientSynchronizer:
     def _overlapping(self) -> bool:
         """One replica per process and several workers: the bucketed (DDP-like) path."""
         if self._overlap is None:
-            self._overlap = (
-                self._num_workers() > 1
-                and self._local_replicas() == 1
-                and hasattr(self.extended, "_cross_worker_all_reduce_async")
-            )
+            self._overlap = self._num_workers() > 1 and self._local_replicas() == 1
+            if self._overlap:
+                self._start_all_reduce = self.extended.collectives.all_reduce_async
         return self._overlap
 
     def _ensure_buckets(self) -> list[_Bucket]:
         if self._buckets is None:
-            size = getattr(self.extended, "_gradient_bucket_bytes", 0) or BUCKET_BYTES
+            size = self.extended.collectives.bucket_bytes or BUCKET_BYTES
             live = [p for p in self.params if p in _owner]
             self._buckets = _build_buckets(live, size)
             self._where = {id(p): (b, i) for b in self._buckets for i, p in enumerate(b.params)}
@@ -355,9 +358,9 @@ class GradientSynchronizer:
             location = self._where.get(id(param))
             if location is None:
                 return
-            task = torch._C._current_graph_task_id()  # this backward pass
+            task = _torch_internals.current_backward_pass()
             if task != self._end_queued_for:
-                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+                _torch_internals.run_when_backward_ends(self._on_backward_end)
                 self._end_queued_for = task
             bucket, i = location
             if bucket.work is not None:  # launched by a backward pass that did not end
@@ -377,7 +380,7 @@ class GradientSynchronizer:
     def _launch(self, bucket: _Bucket) -> Any:
         """Start the SUM all-reduce of the bucket's gradients, each divided by the number of
         workers on the way in (so the sum is the average)."""
-        return self.extended._cross_worker_all_reduce_async(bucket.seal(1.0 / self._num_workers()))
+        return self._start_all_reduce(bucket.seal(1.0 / self._num_workers()))  # type: ignore[misc]
 
     def _on_backward_end(self) -> None:
         """Finish averaging when ``backward()`` returns, as DDP does: code between backward
@@ -411,7 +414,7 @@ class GradientSynchronizer:
         if not grads:
             return
         if workers > 1:
-            reduced = self.extended._cross_worker_all_reduce(ReduceOp.SUM, grads)
+            reduced = self.extended.collectives.all_reduce(grads, ReduceOp.SUM)
             with torch.no_grad():
                 for g, r in zip(grads, reduced):
                     torch.mul(r, 1.0 / (workers * local), out=g)
@@ -715,33 +718,83 @@ def _first_module_param(module: torch.nn.Module) -> list:
     return [] if first is None else [first]
 
 
-_installed = False
-_install_lock = threading.Lock()
+class _TorchHooks:
+    """The process-wide torch hooks and method wrappers above, present only while a strategy's
+    ``scope()`` is entered on some thread (``run`` enters it): outside, torch is exactly as
+    torch made it, so another library in the same process never meets them.
+
+    What happens to a strategy's objects between scopes needs nothing global: gradients are
+    averaged by per-parameter hooks, and an optimizer stepped in ``run`` is checked when its
+    parameters change."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._handles: list[Any] = []
+        self._wrapped: list[tuple[type, str, Callable[..., Any], Callable[..., Any] | None]] = []
+
+    def enter(self) -> None:
+        with self._lock:
+            self._depth += 1
+            if self._depth == 1:
+                self._install()
+
+    def exit(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                return
+            self._depth -= 1
+            if self._depth == 0:
+                self._remove()
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._handles)
+
+    def _install(self) -> None:
+        self._handles = [
+            _module.register_module_parameter_registration_hook(_on_parameter_registered),
+            _module.register_module_module_registration_hook(_on_module_registered),
+            _optimizer.register_optimizer_step_pre_hook(_step_pre_hook),
+            _optimizer.register_optimizer_step_post_hook(_step_post_hook),
+        ]
+        if not self._wrapped:  # made once: ``run`` enters and leaves a scope every step
+            self._wrapped = [(cls, name, cls.__dict__[name], None) for cls, name, _ in _WRAPPERS]
+        for i, (cls, name, original, replacement) in enumerate(self._wrapped):
+            current = cls.__dict__[name]
+            if replacement is None or current is not original:  # first, or changed since
+                replacement = _WRAPPERS[i][2](current)
+                self._wrapped[i] = (cls, name, current, replacement)
+            setattr(cls, name, replacement)
+
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for cls, name, original, replacement in reversed(self._wrapped):
+            # Put torch's method back unless someone wrapped ours meanwhile (theirs would go).
+            if cls.__dict__.get(name) is replacement:
+                setattr(cls, name, original)
 
 
-def install() -> None:
-    """Install the torch hooks once per process (idempotent; cheap when no strategy is used)."""
-    global _installed
-    with _install_lock:
-        if _installed:
-            return
-        _module.register_module_parameter_registration_hook(_on_parameter_registered)
-        _module.register_module_module_registration_hook(_on_module_registered)
-        torch.nn.Module.__setstate__ = _adopting_setstate(  # type: ignore[method-assign]
-            torch.nn.Module.__setstate__
-        )
-        torch.optim.Optimizer.add_param_group = _adopting_add_param_group(  # type: ignore[method-assign]
-            torch.optim.Optimizer.add_param_group
-        )
-        _optimizer.register_optimizer_step_pre_hook(_step_pre_hook)
-        _optimizer.register_optimizer_step_post_hook(_step_post_hook)
-        torch.optim.Optimizer.zero_grad = _once_per_step(  # type: ignore[method-assign]
-            torch.optim.Optimizer.zero_grad, _first_optimizer_param
-        )
-        torch.nn.Module.zero_grad = _once_per_step(  # type: ignore[method-assign]
-            torch.nn.Module.zero_grad, _first_module_param
-        )
-        _installed = True
+#: The torch methods wrapped while a scope is entered: (class, name, wrapper maker).
+_WRAPPERS: list[tuple[type, str, Callable[[Any], Callable[..., Any]]]] = [
+    (torch.nn.Module, "__setstate__", _adopting_setstate),
+    (torch.optim.Optimizer, "add_param_group", _adopting_add_param_group),
+    (torch.optim.Optimizer, "zero_grad", lambda f: _once_per_step(f, _first_optimizer_param)),
+    (torch.nn.Module, "zero_grad", lambda f: _once_per_step(f, _first_module_param)),
+]
 
 
-install()
+_hooks = _TorchHooks()
+
+
+def scope_entered() -> None:
+    """A strategy's scope was entered (outermost, on this thread): install the torch hooks if
+    no other scope holds them."""
+    _hooks.enter()
+
+
+def scope_exited() -> None:
+    """The scope :func:`scope_entered` counted was left: remove the hooks with the last one."""
+    _hooks.exit()

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from strategyjob import errors
+from strategyjob import _names, errors
 from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
 from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffers
 
@@ -46,7 +46,7 @@ __all__ = [
 #: Rendezvous and gloo timeout when ``timeout_seconds`` is None (torch's default).
 DEFAULT_TIMEOUT_SECONDS = 1800.0
 #: Environment variable overriding the rendezvous timeout (seconds).
-ENV_RENDEZVOUS_TIMEOUT = "STRATEGYJOB_RENDEZVOUS_TIMEOUT"
+ENV_RENDEZVOUS_TIMEOUT = _names.ENV_RENDEZVOUS_TIMEOUT
 #: Slice of a collective wait between two liveness checks.
 _POLL_SECONDS = 1.0
 #: A peer whose liveness listener does not answer for this long (its process frozen, its node
@@ -56,7 +56,7 @@ _POLL_SECONDS = 1.0
 #: only caught by ``CommunicationOptions.timeout_seconds`` (default 30 minutes).
 UNRESPONSIVE_PEER_SECONDS = 30.0
 #: Environment variable overriding :data:`UNRESPONSIVE_PEER_SECONDS`.
-ENV_UNRESPONSIVE_PEER_SECONDS = "STRATEGYJOB_UNRESPONSIVE_PEER_SECONDS"
+ENV_UNRESPONSIVE_PEER_SECONDS = _names.ENV_UNRESPONSIVE_PEER_SECONDS
 #: How long a failed collective keeps probing before it gives up naming the dead peer.
 _DIAGNOSE_SECONDS = 3.0
 _PROBE_TIMEOUT_SECONDS = 2.0
@@ -132,12 +132,12 @@ def membership_from_cluster(
     own_address = members[rank][2]
     master_addr, master_port = _split_address(leader_address)
 
-    if environ.get("MASTER_ADDR"):
-        master_addr = environ["MASTER_ADDR"]
-    if environ.get("MASTER_PORT"):
-        master_port = int(environ["MASTER_PORT"])
-    world_size = int(environ.get("WORLD_SIZE") or len(members))
-    rank = int(environ.get("RANK") or rank)
+    if environ.get(_names.ENV_MASTER_ADDR):
+        master_addr = environ[_names.ENV_MASTER_ADDR]
+    if environ.get(_names.ENV_MASTER_PORT):
+        master_port = int(environ[_names.ENV_MASTER_PORT])
+    world_size = int(environ.get(_names.ENV_WORLD_SIZE) or len(members))
+    rank = int(environ.get(_names.ENV_RANK) or rank)
     if not 0 <= rank < world_size:
         raise ValueError(
             f"RANK={rank} is outside WORLD_SIZE={world_size}. Fix the RANK/WORLD_SIZE environment "
@@ -316,7 +316,8 @@ def down_peers(
 
 
 class CollectiveGroup:
-    """The default ``torch.distributed`` group of the cluster's workers, with bounded waits.
+    """The default ``torch.distributed`` group of the cluster's workers, with bounded waits
+    (or, through :meth:`over`, a sub-group of it).
 
     Collectives are issued by one thread at a time in the same order on every worker (the
     strategy guarantees it); ``all_reduce_async`` + ``wait`` serve the gradient buckets.
@@ -330,6 +331,8 @@ class CollectiveGroup:
         self._timeout = _timeout_seconds(options)
         self._poll = datetime.timedelta(seconds=min(_POLL_SECONDS, self._timeout / 4))
         self._state: dict[str, Any] = {"broken": None, "silent_since": {}}  # shared by views
+        self._dist_group: Any = None  # the torch group of the collectives (None: default)
+        self._gather_order: list[int] | None = None  # group ranks in worker order (None: same)
         self._unresponsive = _unresponsive_seconds()
         self._peers: dict[int, tuple[str, int]] = {}
         self._listener = _LivenessListener()
@@ -442,6 +445,29 @@ class CollectiveGroup:
         view.options = options
         view._timeout = _timeout_seconds(options)
         view._poll = datetime.timedelta(seconds=min(_POLL_SECONDS, view._timeout / 4))
+        return view
+
+    def over(self, sub_group: Any, workers: Sequence[int] | None = None) -> CollectiveGroup:
+        """A view of this group whose collectives run across the torch process group
+        ``sub_group`` (ranks and world size are the sub-group's; liveness, error diagnosis,
+        options and the broken state stay the cluster's). ``workers``: the sub-group's
+        members (ranks in the cluster) in worker order, the order of :meth:`all_gather`'s
+        result (torch numbers a group's members in ascending rank order).
+
+        A view rather than a ``group=`` argument on every method: the gradient buckets'
+        launches stay a direct call on the process group (TPUStrategy's replica dimension)."""
+        view = copy.copy(self)
+        view._pg = sub_group
+        view._dist_group = sub_group
+        view.rank = sub_group.rank()
+        view.world_size = sub_group.size()
+        if workers is not None:
+            if len(workers) != view.world_size:
+                raise ValueError(
+                    f"workers names {len(workers)} processes but the sub-group has "
+                    f"{view.world_size}: pass the sub-group's members in worker order."
+                )
+            view._gather_order = gather_order(workers)
         return view
 
     # --------------------------------------------------------------- liveness
@@ -686,17 +712,23 @@ class CollectiveGroup:
             padded = torch.cat([tensor, tensor.new_zeros(pad_shape)], dim=axis)
         padded = padded.contiguous()
         gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
-        work = self._launch("all-gather", dist.all_gather, gathered, padded)
+        work = self._launch("all-gather", dist.all_gather, gathered, padded, group=self._dist_group)
         self.wait(work, "all-gather")
-        return torch.cat([g.narrow(axis, 0, n) for g, n in zip(gathered, sizes_list)], dim=axis)
+        parts = [g.narrow(axis, 0, n) for g, n in zip(gathered, sizes_list)]
+        if self._gather_order is not None:  # group ranks -> worker order
+            parts = [parts[g] for g in self._gather_order]
+        return torch.cat(parts, dim=axis)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
-        """Overwrite ``tensors`` in place with rank ``src``'s values (one pack per dtype)."""
+        """Overwrite ``tensors`` in place with rank ``src``'s values (one pack per dtype);
+        ``src`` is a rank of the cluster (the default group), also in a view :meth:`over` a
+        sub-group."""
         for indices in _packs(tensors, 0):
             parts = [tensors[i] for i in indices]
             flat = torch.cat([p.detach().reshape(-1) for p in parts])
-            self.wait(self._launch("broadcast", dist.broadcast, flat, src), "broadcast")
-            if self.rank != src:
+            work = self._launch("broadcast", dist.broadcast, flat, src, group=self._dist_group)
+            self.wait(work, "broadcast")
+            if self.membership.rank != src:
                 offset = 0
                 for p in parts:
                     n = p.numel()
@@ -735,6 +767,15 @@ class CollectiveGroup:
         """The smallest of every worker's ``count``; 0 if any worker's is None (unknown)."""
         counts = self.gather_ints(-1 if count is None else count)
         return max(min(counts), 0)
+
+
+def gather_order(workers: Sequence[int]) -> list[int] | None:
+    """For a group whose members are ``workers`` (cluster ranks, in worker order): the group
+    rank of each worker, in worker order, which reorders a gather's parts (torch numbers a
+    group's members by ascending cluster rank); None when the two orders agree."""
+    by_rank = sorted(int(w) for w in workers)
+    order = [by_rank.index(int(w)) for w in workers]
+    return None if order == list(range(len(order))) else order
 
 
 def _has_key(store: dist.Store, key: str) -> bool:

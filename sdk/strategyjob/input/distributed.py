@@ -123,7 +123,7 @@ class DistributedIterator:
         if self._finished:
             return _END
         if self._agreed_steps is None:
-            self._agreed_steps = self._extended._steps_every_worker_has(self._step_count)
+            self._agreed_steps = self._extended.collectives.least_count(self._step_count)
         step = next(self._steps, None)
         if self._taken < self._agreed_steps:
             if step is None:
@@ -144,7 +144,7 @@ class DistributedIterator:
         # Every worker takes part in one agreement per step, but only a worker without data
         # waits for its answer: one with data knows it already (some worker has data), so the
         # round trip overlaps with its step instead of delaying it.
-        answer = self._extended._start_any_worker_has_data(has_data)
+        answer = self._extended.collectives.start_any_has_data(has_data)
         if has_data:
             self._unconfirmed = answer
         elif not answer():

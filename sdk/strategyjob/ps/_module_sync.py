@@ -19,25 +19,47 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["track"]
+__all__ = ["SyncedExtended", "track"]
+
+
+class SyncedExtended(Protocol):
+    """What the hooks need from the strategy whose scope created the module's parameters
+    (``ParameterServerStrategyExtended``; the strategies sit above this layer)."""
+
+    @property
+    def ps_epoch(self) -> int:
+        """Bumped whenever a scheduled function may have changed the ps values."""
+        ...
+
+    def ps_settled(self) -> bool:
+        """Nothing scheduled is queued or running: the ps values do not change meanwhile."""
+        ...
+
+    def pull_parameters(self, params: list[torch.nn.Parameter]) -> None:
+        """Copy the ps values of ``params`` into the chief's tensors."""
+        ...
+
+    def push_parameters(self, params: list[torch.nn.Parameter]) -> None:
+        """Assign the chief's values of ``params`` to their ps variables."""
+        ...
 
 
 @dataclass
 class _Sync:
     extended: weakref.ReferenceType
     epoch: int = -1
-    """``extended._ps_epoch`` when the chief's copies were last known equal to the ps."""
+    """``extended.ps_epoch`` when the chief's copies were last known equal to the ps."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _tracked: weakref.WeakKeyDictionary[torch.nn.Module, _Sync] = weakref.WeakKeyDictionary()
 
 
-def track(module: torch.nn.Module, extended: Any) -> None:
+def track(module: torch.nn.Module, extended: SyncedExtended) -> None:
     """Keep ``module``'s own parameters (created in ``extended``'s scope) in step with the ps."""
     if module in _tracked:
         return
@@ -57,10 +79,10 @@ def _pull(module: torch.nn.Module, *_: Any) -> None:
     if extended is None:  # a worker's copy of the module, or the strategy is gone
         return None
     with sync.lock:
-        epoch, idle = extended._ps_epoch, extended._ps_idle()
+        epoch, idle = extended.ps_epoch, extended.ps_settled()
         if sync.epoch == epoch and idle:
             return None
-        extended._pull_parameters(_own_parameters(module))
+        extended.pull_parameters(_own_parameters(module))
         sync.epoch = epoch if idle else -1
     return None
 
@@ -71,5 +93,5 @@ def _push(module: torch.nn.Module, _incompatible_keys: Any) -> None:
     if extended is None:
         return
     with sync.lock:
-        extended._push_parameters(_own_parameters(module))
-        sync.epoch = extended._ps_epoch if extended._ps_idle() else -1
+        extended.push_parameters(_own_parameters(module))
+        sync.epoch = extended.ps_epoch if extended.ps_settled() else -1

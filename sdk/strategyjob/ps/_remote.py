@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +26,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from strategyjob import _variables
-from strategyjob.ps import _wire
-from strategyjob.ps._transport import Op, ps_device, run_ps_ops
+from strategyjob.ps import _torch_modes, _wire
+from strategyjob.ps._cluster import run_ps_ops
+from strategyjob.ps._transport import Op, ps_device
 
 __all__ = [
     "PSVariable",
@@ -310,7 +313,7 @@ class RemoteEmbedding(torch.nn.Module):
         # Parameters are pending (``PullOnUse`` is on the stack): the lookup's own torch calls
         # (on the ids, never on a parameter) skip the mode, which then steps off the stack as
         # soon as the gather took the pending reads along.
-        with torch._C.DisableTorchFunction():
+        with _torch_modes.disable_torch_function():
             return _Lookup.apply(self.handle.anchor, self.handle, ids, self.padding_idx)
 
 
@@ -393,7 +396,7 @@ class RemoteOptimizer:
         return cached[1]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        with torch._C.DisableTorchFunction():  # our own bookkeeping: skip ``PullOnUse``
+        with _torch_modes.disable_torch_function():  # our own bookkeeping: skip ``PullOnUse``
             self._zero_grad()
 
     def _zero_grad(self) -> None:
@@ -406,7 +409,7 @@ class RemoteOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         loss = closure() if closure is not None else None
-        with torch._C.DisableTorchFunction():  # our own bookkeeping: skip ``PullOnUse``
+        with _torch_modes.disable_torch_function():  # our own bookkeeping: skip ``PullOnUse``
             self._send_gradients()
         return loss
 
@@ -572,9 +575,7 @@ class PullOnUse(TorchFunctionMode):
     def retire(self) -> None:
         """Nothing is pending any more: leave the mode stack now if this mode is on top of it
         (inside one of its own calls it is not; it then stays, idle, until the closure ends)."""
-        depth = torch._C._len_torch_function_stack()
-        if self._on_stack and depth and torch._C._get_function_stack_at(depth - 1) is self:
-            torch._C._pop_torch_function_stack()
+        if self._on_stack and _torch_modes.pop_mode_if_on_top(self):
             self._on_stack = False
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
@@ -597,9 +598,27 @@ class _MissingResource(Exception):
 
 _state: WorkerState | None = None
 _state_lock = threading.Lock()
+# The state of an in-process worker (``ps._inmemory``), on the thread that runs its closures.
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def worker_state_scope(state: WorkerState) -> Iterator[None]:
+    """On this thread, ``worker_state()`` is ``state``: each in-process worker keeps its own
+    parameters and resources, as a worker process does."""
+    previous = getattr(_local, "state", None)
+    _local.state = state
+    try:
+        yield
+    finally:
+        _local.state = previous
 
 
 def worker_state() -> WorkerState:
+    """This worker's state (the process's, or the in-process worker's on its thread)."""
+    local = getattr(_local, "state", None)
+    if local is not None:
+        return local
     global _state
     with _state_lock:
         if _state is None:

@@ -28,7 +28,8 @@ import grpc
 import torch
 from google.protobuf.message import DecodeError
 
-from strategyjob import errors
+from strategyjob import _names, errors
+from strategyjob._variables._scatter import scatter_
 from strategyjob.cluster_resolver import ClusterSpec
 from strategyjob.cluster_resolver.multi_worker_util import normalize_cluster_spec
 from strategyjob.ps import _direct, _remote, _transport, _wire
@@ -189,7 +190,7 @@ class _Store:
             if kind in ("assign", "assign_add", "assign_sub"):
                 {"assign": var.copy_, "assign_add": var.add_, "assign_sub": var.sub_}[kind](value)
             elif kind.startswith("scatter_"):
-                self._scatter(var, kind, indices, value)
+                scatter_(var, kind, indices, value)
             elif kind == "apply_dense":
                 self._apply(op, var, value, None)
             elif kind == "apply_sparse":
@@ -199,26 +200,6 @@ class _Store:
             else:
                 raise ValueError(f"Unknown variable operation {kind!r}")
             return var.clone() if op.read_back else None
-
-    @staticmethod
-    def _scatter(var: torch.Tensor, kind: str, indices: torch.Tensor, updates: torch.Tensor):
-        if kind == "scatter_update":
-            var.index_copy_(0, indices, updates)
-        elif kind == "scatter_add":
-            var.index_add_(0, indices, updates)
-        elif kind == "scatter_sub":
-            var.index_add_(0, indices, -updates)
-        else:
-            reduce = {
-                "scatter_mul": "prod",
-                "scatter_div": "prod",
-                "scatter_min": "amin",
-                "scatter_max": "amax",
-            }[kind]
-            if kind == "scatter_div":
-                updates = 1 / updates
-            rows = indices.view(-1, *([1] * (updates.dim() - 1))).expand_as(updates)
-            var.scatter_reduce_(0, rows, updates, reduce, include_self=True)
 
     def _optimizer_error(self, cls_path: Any, what: str, exc: BaseException) -> OptimizerError:
         hint = (
@@ -335,6 +316,28 @@ class _Store:
             raise self._optimizer_error(spec["cls"], "apply", exc) from None
         finally:
             var.grad = None
+
+
+# What ``_Store.run`` raises for a request it refuses (the caller's mistake or its optimizer's).
+PS_REQUEST_ERRORS = (
+    KeyError,
+    OptimizerError,
+    ValueError,
+    RuntimeError,
+    TypeError,
+    IndexError,
+    DecodeError,
+)
+
+
+def ps_status(exc: BaseException) -> _direct.Status:
+    """The status a ps answers a request with when ``_Store.run`` raised ``exc`` (one of
+    ``PS_REQUEST_ERRORS``); ``_transport.raise_for_status`` turns it into TF's error."""
+    if isinstance(exc, KeyError):
+        return _direct.Status(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
+    if isinstance(exc, OptimizerError):
+        return _direct.Status(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    return _direct.Status(grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,7 +478,7 @@ class _TokenInterceptor(grpc.ServerInterceptor):
 BIND_WAIT_SECONDS = 60.0
 # Calls served at once per server (default: twice its threads; more are refused with
 # RESOURCE_EXHAUSTED, not queued).
-MAX_CALLS_ENV = "STRATEGYJOB_MAX_CONCURRENT_CALLS"
+MAX_CALLS_ENV = _names.ENV_MAX_CONCURRENT_CALLS
 
 
 def split_address(address: Any, what: str) -> tuple[str, int]:
@@ -758,11 +761,5 @@ class Server:
                     self._traffic[1] += len(reply)
                     self._traffic[2] += 1
             return reply
-        except KeyError as exc:
-            raise _direct.Status(grpc.StatusCode.NOT_FOUND, str(exc.args[0])) from None
-        except OptimizerError as exc:
-            raise _direct.Status(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
-        except (ValueError, RuntimeError, TypeError, IndexError, DecodeError) as exc:
-            raise _direct.Status(
-                grpc.StatusCode.INVALID_ARGUMENT, f"{type(exc).__name__}: {exc}"
-            ) from None
+        except PS_REQUEST_ERRORS as exc:
+            raise ps_status(exc) from None

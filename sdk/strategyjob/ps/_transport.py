@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import torch
 
-from strategyjob import errors
+from strategyjob import _names, errors
 from strategyjob.ps import _direct
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._wire import CHANNEL_OPTIONS, pack, tensor_meta, unpack
@@ -43,13 +43,13 @@ __all__ = [
     "step_scope",
 ]
 
-TOKEN_ENV = "STRATEGYJOB_TOKEN"
+TOKEN_ENV = _names.ENV_TOKEN
 TOKEN_METADATA = "strategyjob-token"
 # How long a coordinator waits for a ps that is not up yet (they start concurrently).
-CONNECT_TIMEOUT_ENV = "STRATEGYJOB_PS_CONNECT_TIMEOUT"
+CONNECT_TIMEOUT_ENV = _names.ENV_PS_CONNECT_TIMEOUT
 # The deadline of every ps call, in seconds (``set_timeout`` in a process; this variable
 # for the worker and ps processes, which read it at start).
-TIMEOUT_ENV = "STRATEGYJOB_PS_TIMEOUT"
+TIMEOUT_ENV = _names.ENV_PS_TIMEOUT
 # Without ``timeout_seconds``: long enough for a step of the largest message (1 GiB) on a
 # slow ps; a ps that is gone or frozen is found by keepalive long before.
 DEFAULT_TIMEOUT_SECONDS = 300.0
@@ -207,6 +207,12 @@ def configure(cluster: dict[str, list[str]]) -> None:
         _cluster.update({job: list(tasks) for job, tasks in cluster.items()})
 
 
+def num_tasks(job: str) -> int:
+    """How many tasks ``job`` has in the configured cluster (0 when none)."""
+    with _lock:
+        return len(_cluster.get(job, ()))
+
+
 def address(job: str, task: int) -> str:
     try:
         return _cluster[job][task]
@@ -261,7 +267,12 @@ def unary(addr: str, method: str, request_cls: Any, response_cls: Any) -> Any:
 
 def raise_for_rpc_error(exc: grpc.RpcError, what: str) -> None:
     """Translate a gRPC failure into the error TensorFlow would raise."""
-    code, details = exc.code(), exc.details()
+    raise_for_status(exc.code(), exc.details(), what)
+
+
+def raise_for_status(code: grpc.StatusCode, details: str, what: str) -> None:
+    """Raise the error TensorFlow would for a call to ``what`` that ended with ``code``
+    (also what the in-memory transport raises for a ps request its store refused)."""
     if code == grpc.StatusCode.UNAUTHENTICATED or code == grpc.StatusCode.PERMISSION_DENIED:
         raise PermissionDeniedError(f"{what} refused the call: {details}") from None
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):

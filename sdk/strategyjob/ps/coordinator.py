@@ -29,21 +29,20 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import cloudpickle
-import grpc
 import torch
-from google.protobuf.message import DecodeError
 
-from strategyjob import _nest, errors
-from strategyjob.ps import _remote, _transport
+from strategyjob import _names, _nest, errors
+from strategyjob.ps import _cluster, _remote
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._wire import dumps, loads
 
 __all__ = [
     "ClosureInputError",
     "ClusterCoordinator",
+    "CoordinatedExtended",
     "PerWorkerValues",
     "RemoteValue",
     "RemoteValueStatus",
@@ -52,7 +51,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RUN_CLOSURE_STREAM = "/strategyjob.ps.Worker/RunClosureStream"
+RUN_CLOSURE_STREAM = _cluster.RUN_CLOSURE_STREAM
 CANCELLED_MESSAGE = "The corresponding function is cancelled. Please reschedule the function."
 ABORTED_MESSAGE = "The corresponding function is aborted. Please reschedule the function."
 QUEUE_LIMIT = 256 * 1024
@@ -367,25 +366,16 @@ class _WorkerFailure(Exception):
 class _Worker:
     """The coordinator's side of one worker: a thread that runs closures on it."""
 
-    def __init__(self, coordinator: ClusterCoordinator, index: int, address: str) -> None:
+    def __init__(
+        self, coordinator: ClusterCoordinator, index: int, client: _cluster.WorkerClient
+    ) -> None:
         self._coordinator_ref = weakref.ref(coordinator)
         self.index = index
-        self.address = address
+        self._client = client
         self._queue = coordinator._queue
         self._incarnation: str | None = None
-        self.traffic = [0, 0]  # bytes sent to / received from the worker (benchmarks)
         self._sent: set[str] = set()
         self._resources_built: set[int] = set()
-        # Bytes in and out: the loop serializes itself (and counts the bytes it moves).
-        # Closures go on a RunClosureStream call per loop thread, opened when needed and
-        # dropped when it fails (a new one follows the reconnection).
-        self._streams = threading.local()
-        self._create = _transport.channel(address).unary_unary(
-            "/strategyjob.ps.Worker/CreateResource"
-        )
-        self._status = _transport.unary(
-            address, "/strategyjob.ps.Worker/GetStatus", pb.Ping, pb.Status
-        )
         self._stop = threading.Event()
         self._setup_lock = threading.Lock()  # connection and resources: one thread at a time
         self._down = threading.Event()  # set until connected, and again after a failure
@@ -393,7 +383,7 @@ class _Worker:
         # One closure at a time per worker, as in TensorFlow. More in flight (the next one is
         # already on the worker when the current one ends; the worker still runs them one at a
         # time, in arrival order, which may then differ from the queue's) is a tuning knob.
-        in_flight = max(1, int(os.environ.get("STRATEGYJOB_CLOSURES_IN_FLIGHT_PER_WORKER", "1")))
+        in_flight = max(1, int(os.environ.get(_names.ENV_CLOSURES_IN_FLIGHT_PER_WORKER, "1")))
         self._threads = [
             threading.Thread(
                 target=self._loop,
@@ -409,6 +399,11 @@ class _Worker:
     def name(self) -> str:
         return f"/job:worker/replica:0/task:{self.index}"
 
+    @property
+    def traffic(self) -> list[int]:
+        """Bytes sent to / received from the worker (benchmarks reset it in place)."""
+        return self._client.traffic
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -417,24 +412,17 @@ class _Worker:
         """Wait until the worker answers; a new incarnation gets its resources rebuilt."""
         while not self._stop.is_set():
             try:
-                status = self._status(
-                    pb.Ping(), metadata=_transport.metadata(), wait_for_ready=True, timeout=1.0
-                )
-            except grpc.RpcError as exc:
-                if exc.code() in (
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    grpc.StatusCode.PERMISSION_DENIED,
-                ):
-                    _transport.raise_for_rpc_error(exc, self.name)
+                incarnation = self._client.status(timeout=1.0)
+            except errors.UnavailableError:
                 if time.monotonic() > deadline:
                     raise errors.UnavailableError(
                         f"Worker {self.name} did not come back."
                     ) from None
                 continue
-            if status.incarnation != self._incarnation:
+            if incarnation != self._incarnation:
                 if self._incarnation is not None:
                     log.warning("Worker %s restarted; rebuilding its resources.", self.name)
-                self._incarnation = status.incarnation
+                self._incarnation = incarnation
                 self._sent.clear()
                 self._resources_built.clear()
             return
@@ -445,7 +433,7 @@ class _Worker:
             if resource.id in self._resources_built:
                 continue
             reply = self._call(
-                self._create,
+                self._client.create_resource,
                 pb.Closure(
                     payload=resource.payload, tensors=resource.tensors, resource_id=resource.id
                 ),
@@ -454,38 +442,15 @@ class _Worker:
                 raise ClosureInputError(_remote_error(reply))
             self._resources_built.add(resource.id)
 
-    def _call(self, stub: Any, request: pb.Closure) -> pb.ClosureResult:
-        """``request`` to ``stub`` (a unary method), or on this thread's closure stream when
-        ``stub`` is None."""
-        stream = None
+    @staticmethod
+    def _call(
+        method: Callable[[pb.Closure], pb.ClosureResult], request: pb.Closure
+    ) -> pb.ClosureResult:
+        """``method(request)`` (one of the client's): a lost worker is a ``_WorkerFailure``."""
         try:
-            data = request.SerializeToString()
-            md = _transport.metadata()
-            if stub is not None:
-                reply = stub(data, metadata=md)
-            else:
-                stream = getattr(self._streams, "stream", None)
-                if stream is None or stream.metadata != md or not stream.alive():
-                    if stream is not None:
-                        stream.close()
-                    stream = self._streams.stream = _transport.open_stream(
-                        self.address, RUN_CLOSURE_STREAM, md
-                    )
-                reply = stream.call(data)
-            self.traffic[0] += len(data)
-            self.traffic[1] += len(reply)
-            return pb.ClosureResult.FromString(reply)
-        except DecodeError as exc:  # as gRPC's own deserializer failing would be
-            raise _WorkerFailure(f"cannot decode the reply: {exc}") from None
-        except (grpc.RpcError, StopIteration) as exc:
-            if stream is not None:
-                stream.close()
-                self._streams.stream = None
-            if not isinstance(exc, grpc.RpcError):
-                raise _WorkerFailure("the worker ended the stream of closures") from None
-            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                _transport.raise_for_rpc_error(exc, self.name)
-            raise _WorkerFailure(f"{exc.code().name}: {exc.details()}") from None
+            return method(request)
+        except errors.UnavailableError as exc:
+            raise _WorkerFailure(str(exc)) from None
 
     # -- the loop ------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -509,9 +474,7 @@ class _Worker:
                     closure.output._set_error(exc)
                     self._queue.mark_failed(exc)
         finally:
-            stream = getattr(self._streams, "stream", None)
-            if stream is not None:
-                stream.close()
+            self._client.close()
 
     def _process(self, closure: _Closure) -> None:
         if self._down.is_set():
@@ -578,7 +541,7 @@ class _Worker:
                 request.function = function.payload
                 del request.function_tensors[:]
                 request.function_tensors.extend(function.tensors)
-            reply = self._call(None, request)
+            reply = self._call(self._client.run_closure, request)
             if reply.error_kind != "missing_function":
                 self._sent.add(function.digest)
                 return reply
@@ -621,6 +584,38 @@ def _remote_error(reply: pb.ClosureResult) -> BaseException:
 # the coordinator
 
 
+class CoordinatedExtended(Protocol):
+    """What ``ClusterCoordinator`` needs from its strategy's ``extended`` (the strategies sit
+    above this layer, so they implement this; ``ParameterServerStrategyExtended`` does).
+
+    The coordinator reaches the cluster through ``transport`` only, and the strategy learns
+    what the coordinator is doing through ``ClusterCoordinator.idle()`` only.
+    """
+
+    @property
+    def transport(self) -> _cluster.PSTransport:
+        """The cluster: its ps tasks and workers (``num_workers`` worker threads are started)."""
+        ...
+
+    @property
+    def coordinator(self) -> ClusterCoordinator | None:
+        """The coordinator attached to the strategy, if any (one per strategy)."""
+        ...
+
+    def attach_coordinator(self, coordinator: ClusterCoordinator) -> None:
+        """Called once, by the coordinator being created for this strategy."""
+        ...
+
+    def before_schedule(self) -> None:
+        """Called by ``schedule`` before it queues a function (e.g. send the parameters still
+        waiting to go to the ps; the chief's copies of ps values may then go stale)."""
+        ...
+
+    def before_create_resources(self) -> None:
+        """Called before per-worker resources (datasets) are built from the chief's objects."""
+        ...
+
+
 # The strategies a coordinator schedules for: ParameterServerStrategy registers itself when it
 # loads (the strategies sit above this layer).
 _coordinated_types: tuple[type, ...] = ()
@@ -646,24 +641,26 @@ class ClusterCoordinator:
                 "Only `tf.distribute.experimental.ParameterServerStrategy` is supported to work "
                 "with `tf.distribute.experimental.coordinator.ClusterCoordinator` currently."
             )
-        existing = getattr(strategy, "_cluster_coordinator", None)
+        extended: CoordinatedExtended = strategy.extended
+        existing = extended.coordinator
         if existing is not None:
             return existing
         coordinator = super().__new__(cls)
-        coordinator._init(strategy)
-        strategy._cluster_coordinator = coordinator
+        coordinator._init(strategy, extended)
+        extended.attach_coordinator(coordinator)
         _live.add(coordinator)
         return coordinator
 
-    def _init(self, strategy: Any) -> None:
+    def _init(self, strategy: Any, extended: CoordinatedExtended) -> None:
         self._strategy = strategy
+        self._extended = extended
         self._queue = _ClosureQueue()
         self._functions: dict[int, tuple[Any, _ShippedFunction]] = {}
         self._resources: list[_Resource] = []
         self._resources_lock = threading.Lock()
-        addresses = strategy.extended._worker_addresses
-        self._num_workers = len(addresses)
-        self._workers = [_Worker(self, i, addr) for i, addr in enumerate(addresses)]
+        transport = extended.transport
+        self._num_workers = transport.num_workers
+        self._workers = [_Worker(self, i, transport.worker(i)) for i in range(self._num_workers)]
 
     def __init__(self, strategy: Any) -> None:  # state is set once, in __new__
         pass
@@ -708,7 +705,7 @@ class ClusterCoordinator:
                     "scheduled function is not yet supported."
                 )
         self._queue.raise_if_error()
-        self._strategy.extended._before_schedule()
+        self._extended.before_schedule()
         closure = _Closure(self._shipped(fn), args, kwargs)
         self._queue.put(closure)
         return closure.output
@@ -720,6 +717,11 @@ class ClusterCoordinator:
     def done(self) -> bool:
         """Whether every scheduled function has finished (raises the first error)."""
         return self._queue.done()
+
+    def idle(self) -> bool:
+        """Whether no scheduled function is queued or running, errors aside (a strategyjob
+        addition, for the strategy: the ps values are then settled). Raises nothing."""
+        return self._queue.idle()
 
     def fetch(self, val: Any) -> Any:
         """``val`` with every ``RemoteValue`` replaced by its fetched result."""
@@ -738,7 +740,7 @@ class ClusterCoordinator:
             def creator() -> Any:
                 return dataset
 
-        self._strategy.extended._flush_parameters()
+        self._extended.before_create_resources()
         return PerWorkerDataset(self, creator)
 
     def _create_per_worker_resources(self, fn: Callable[[], Any]) -> PerWorkerValues:
@@ -767,4 +769,4 @@ _live: weakref.WeakSet[ClusterCoordinator] = weakref.WeakSet()
 def _stop_all() -> None:
     for coordinator in list(_live):
         coordinator._shutdown()
-    _transport.close_channels()
+    _cluster.close_grpc()

@@ -6,8 +6,8 @@ cross-worker collectives); everything else here — reductions with TF's axis an
 gathers, ``reduce_to``/``batch_reduce_to``/``update``, local results — is written once on top
 of them. Every cross-replica reduction goes through :meth:`StrategyExtended._all_reduce_flat`:
 the local replicas' components are summed in-process, then the per-worker sums go through
-``_cross_worker_all_reduce`` (identity in one process; ``torch.distributed`` in
-MultiWorkerMirroredStrategy).
+``extended.collectives`` (a ``collective.backend.CollectiveBackend``: identities in one
+process; ``torch.distributed`` in MultiWorkerMirroredStrategy and TPUStrategy).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import copy
 import importlib
 import math
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +36,8 @@ from strategyjob._values import (
     regroup,
     select_replica,
 )
+from strategyjob.collective import grad_sync
+from strategyjob.collective.backend import IN_PROCESS, CollectiveBackend
 from strategyjob.input.options import AutoShardPolicy
 
 __all__ = ["InputWorker", "RunOptions", "Strategy", "StrategyExtended"]
@@ -176,9 +177,13 @@ class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware (TF's ``extended``).
 
     Hooks a concrete strategy sets or overrides: ``_logical_devices`` (one ``LogicalDevice``
-    per local replica), ``_num_workers``, ``_worker_index``, ``_cross_worker_all_reduce``,
-    ``_cross_worker_all_gather``, ``_broadcast_from_chief``, ``_any_worker_has_data``,
+    per local replica), ``_num_workers``, ``_worker_index``, ``collectives``,
     ``_create_variable``, ``_register_parameter``, ``_call_for_each_replica``.
+
+    ``collectives`` is the strategy's :class:`~strategyjob.collective.backend.CollectiveBackend`:
+    every operation between workers (reductions, gathers, broadcasts of the chief's values,
+    agreement on the end of the input, gradient buckets) goes through it. Strategies of one
+    process keep the in-process one (identities).
     """
 
     _num_workers: int = 1
@@ -188,6 +193,8 @@ class StrategyExtended:
         self._container_strategy_weakref = weakref.ref(container_strategy)
         self._logical_devices: tuple[LogicalDevice, ...] = (LogicalDevice("cpu", 0),)
         self._cluster_resolver: Any = None
+        #: The collectives between this strategy's workers (identities within one process).
+        self.collectives: CollectiveBackend = IN_PROCESS
 
     def _container_strategy(self) -> Strategy:
         strategy = self._container_strategy_weakref()
@@ -224,54 +231,19 @@ class StrategyExtended:
         """This process's input pipelines: one, on the host CPU, feeding every local replica."""
         return (InputWorker(self._input_host().torch_device, self._local_devices),)
 
-    # --- cross-worker hooks (identity within one process) ---------------------------------
-    def _cross_worker_all_reduce(
-        self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        """Reduce each tensor across workers. Inputs may be the caller's tensors: do not modify
-        them in place. Called with ``ReduceOp.SUM`` by the in-process reductions."""
-        return list(tensors)
-
-    def _cross_worker_all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
-        """Concatenate this worker's ``tensor`` with the other workers', in worker order."""
-        return tensor
-
-    def _broadcast_from_chief(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
-
-    def _any_worker_has_data(self, flag: bool) -> bool:
-        return flag
-
-    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
-        """Start :meth:`_any_worker_has_data`; calling the result gives the answer. Strategies
-        with peers override it so that a worker need not wait for an answer it knows."""
-        answer = self._any_worker_has_data(flag)
-        return lambda: answer
-
-    def _steps_every_worker_has(self, count: int | None) -> int:
-        """How many steps of a pass of the input every worker is known to have data for, given
-        this worker's exact step count (None: unknown). A distributed iterator skips the
-        per-step agreement on the end of the input for those steps; 0 keeps it at every step
-        (right for a single worker, whose agreement costs nothing)."""
-        return 0
-
-    def _replica_timeout(self) -> float | None:
-        """Seconds replicas may wait for each other at a merge call (None: forever)."""
-        return None
-
     # --- scope hooks ------------------------------------------------------------------------
     def _scope(self, strategy: Strategy) -> Any:
         return _context.CrossReplicaScope(strategy)
 
     def _enter_scope(self) -> None:
         """Runs when this strategy's scope is entered (not on re-entry)."""
-        # Gradient synchronisation installs its torch hooks when imported; the hooks look up
-        # the strategy in scope through `_context`.
-        if "strategyjob.collective.grad_sync" not in sys.modules:
-            importlib.import_module("strategyjob.collective.grad_sync")
+        # The torch hooks that register modules and optimizers built in scope exist only while
+        # some strategy's scope is entered; they look the strategy up through `_context`.
+        grad_sync.scope_entered()
 
     def _exit_scope(self) -> None:
         """Runs when this strategy's outermost scope is exited."""
+        grad_sync.scope_exited()
 
     # --- variables and parameters ---------------------------------------------------------
     def _create_variable(
@@ -425,7 +397,7 @@ class StrategyExtended:
     ) -> list[torch.Tensor]:
         """``components[j]`` holds value j's local components; returns value j reduced globally.
 
-        Local replicas are summed in-process, the sums go through ``_cross_worker_all_reduce``
+        Local replicas are summed in-process, the sums go through ``collectives.all_reduce``
         (SUM), and MEAN divides by ``num_replicas_in_sync``.
         """
         local_sums = []
@@ -435,7 +407,7 @@ class StrategyExtended:
             for t in tensors[1:]:
                 total = total + to_device(t, total.device)
             local_sums.append(total)
-        summed = self._cross_worker_all_reduce(ReduceOp.SUM, local_sums)
+        summed = self.collectives.all_reduce(local_sums, ReduceOp.SUM)
         if reduce_op == ReduceOp.MEAN:
             count = self.num_replicas_in_sync
             summed = [_divide(t, count) for t in summed]
@@ -609,7 +581,7 @@ class StrategyExtended:
         local = tensors[0]
         if len(tensors) > 1:
             local = torch.cat([to_device(t, device) for t in tensors], dim=dim)
-        gathered = self._cross_worker_all_gather(local, dim)
+        gathered = self.collectives.all_gather(local, dim)
         return self._place_on(destinations, gathered)
 
     def _batch_all_gather(self, values: list, axis: int, options: Any) -> list:

@@ -84,7 +84,7 @@ class MirroredExtended(StrategyExtended):
             [select_replica(i, args) for i in range(count)],
             [select_replica(i, kwargs) for i in range(count)],
             devices=self._local_devices,
-            timeout=self._replica_timeout(),
+            timeout=self.collectives.timeout_seconds,
             sequential=self._sequential_replicas,
         )
         return regroup(results)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,24 +24,12 @@ from strategyjob._reduce import ReduceOp
 from strategyjob._values import PerReplica
 from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolver, multi_worker_util
 from strategyjob.collective import process_group
+from strategyjob.collective.backend import InProcessCollectives, ProcessGroupCollectives
 from strategyjob.collective.options import CommunicationOptions
 from strategyjob.strategies.base import Strategy, _divide
 from strategyjob.strategies.mirrored import MirroredExtended
 
 __all__ = ["MultiWorkerMirroredExtended", "MultiWorkerMirroredStrategy"]
-
-
-class _PendingAllReduce:
-    """An in-flight bucket all-reduce; ``wait()`` is bounded by the strategy's timeout."""
-
-    __slots__ = ("_group", "_work")
-
-    def __init__(self, group: process_group.CollectiveGroup, work: Any) -> None:
-        self._group = group
-        self._work = work
-
-    def wait(self) -> None:
-        self._group.wait(self._work, "gradient all-reduce")
 
 
 class MultiWorkerMirroredExtended(MirroredExtended):
@@ -103,6 +90,9 @@ class MultiWorkerMirroredExtended(MirroredExtended):
                 cluster_spec.as_dict(), task_type, task_id
             )
             self._group = process_group.get_group(membership, communication_options)
+            self.collectives = ProcessGroupCollectives(self._group)
+        else:  # local mode: no peers, but local replicas still wait at most timeout_seconds
+            self.collectives = InProcessCollectives(communication_options.timeout_seconds)
 
     # --- roles ------------------------------------------------------------------------------
     @property
@@ -121,16 +111,7 @@ class MultiWorkerMirroredExtended(MirroredExtended):
     def experimental_should_init(self) -> bool:
         return True
 
-    # --- cross-worker hooks -----------------------------------------------------------------
-    def _cross_worker_all_reduce(
-        self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        if self._group is None:
-            return list(tensors)
-        return self._group.all_reduce(
-            list(tensors), "mean" if reduce_op == ReduceOp.MEAN else "sum"
-        )
-
+    # --- reductions --------------------------------------------------------------------------
     def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
         """``Strategy.reduce(op, value, axis=None)`` of one worker's only replica value (the
         loss, every step) goes straight to one collective: the general path is the same
@@ -138,50 +119,13 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         if self._group is not None and len(self._logical_devices) == 1:
             tensor = value.values[0] if type(value) is PerReplica else value
             if type(tensor) is torch.Tensor and tensor.layout == torch.strided:
-                (total,) = self._group.all_reduce([tensor], "sum")
+                (total,) = self.collectives.all_reduce([tensor], ReduceOp.SUM)
                 if reduce_op == ReduceOp.MEAN:
                     total = _divide(total, self.num_replicas_in_sync)
                 if total.device.type == "cpu":  # already on the host, the destination
                     return total
                 return self._place_on(self._default_reduce_destination(), total)
         return super()._reduce(reduce_op, value)
-
-    def _cross_worker_all_reduce_async(self, flat: torch.Tensor) -> _PendingAllReduce:
-        """Start a SUM all-reduce of ``flat`` in place (gradient buckets)."""
-        assert self._group is not None
-        return _PendingAllReduce(self._group, self._group.all_reduce_async(flat))
-
-    def _cross_worker_all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
-        if self._group is None:
-            return tensor
-        return self._group.all_gather(tensor, axis)
-
-    def _broadcast_from_chief(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self._group is None:
-            return tensor
-        result = torch.as_tensor(tensor).detach().clone()
-        self._group.broadcast([result], src=0)
-        return result
-
-    def _any_worker_has_data(self, flag: bool) -> bool:
-        if self._group is None:
-            return flag
-        return self._group.any(flag)
-
-    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
-        if self._group is None:
-            return super()._start_any_worker_has_data(flag)
-        return self._group.any_async(flag)
-
-    def _steps_every_worker_has(self, count: int | None) -> int:
-        return 0 if self._group is None else self._group.least_count(count)
-
-    @property
-    def _gradient_bucket_bytes(self) -> int:
-        return self._communication_options.bytes_per_pack
-
-    def _replica_timeout(self) -> float | None:
-        return self._communication_options.timeout_seconds
 
     # --- module parameters: start identical on every worker ----------------------------------
     def _broadcast_pending_parameters(self) -> None:
@@ -197,7 +141,7 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         pending = sync.take_pending_broadcast()
         if pending:
             with torch.no_grad():
-                self._group.broadcast([p.data for p in pending], src=0)
+                self.collectives.broadcast_from_chief_in_place([p.data for p in pending])
 
     def _exit_scope(self) -> None:
         super()._exit_scope()
@@ -212,12 +156,13 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         cls = type(self)
         result = cls.__new__(cls)
         memo[id(self)] = result
-        shared = {"_group", "_cluster_resolver", "_strategyjob_grad_sync"}
+        shared = {"_group", "_cluster_resolver", "_strategyjob_grad_sync", "collectives"}
         for key, value in self.__dict__.items():
             if key not in shared:
                 setattr(result, key, copy.deepcopy(value, memo))
         result._group = self._group  # one process group per process
         result._cluster_resolver = self._cluster_resolver
+        result.collectives = self.collectives
         return result
 
 

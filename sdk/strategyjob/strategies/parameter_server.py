@@ -22,7 +22,7 @@ import torch
 from strategyjob import _context, _variables
 from strategyjob._devices import LogicalDevice
 from strategyjob.cluster_resolver.multi_worker_util import validate_cluster_spec
-from strategyjob.ps import _module_sync, _remote, _transport, _wire, coordinator
+from strategyjob.ps import _cluster, _module_sync, _remote, _transport, _wire, coordinator
 from strategyjob.ps.partitioners import div_partition, num_partitions
 from strategyjob.ps.sharded_variable import ShardedVariable
 from strategyjob.strategies.base import Strategy, StrategyExtended, _SingleReplicaExtendedMixin
@@ -68,24 +68,32 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
     """Placement, partitioning and the hooks of the parameter-server strategy."""
 
     def __init__(
-        self, container_strategy: Strategy, cluster_resolver: Any, variable_partitioner: Any
+        self,
+        container_strategy: Strategy,
+        cluster_resolver: Any,
+        variable_partitioner: Any,
+        transport: _cluster.PSTransport | None = None,
     ) -> None:
         super().__init__(container_strategy)
         self._cluster_resolver = cluster_resolver
         self._variable_partitioner = variable_partitioner
-        self._worker_addresses: list[str] = []
-        self._num_ps = 0
+        # None: the process's (a worker's view of the strategy, built before any cluster).
+        self._ps_transport: _cluster.PSTransport | None = transport
+        self._coordinator: coordinator.ClusterCoordinator | None = None
+        self._num_ps = transport.num_ps if transport is not None else 0
         self._counter = 0
         self._lock = threading.Lock()
         self._colocate_with: Any = None
         self._pending: list[tuple[torch.nn.Parameter, Any]] = []
-        #: Bumped by every ``ClusterCoordinator.schedule``: the chief's copies of module
-        #: parameters pulled at an older epoch may be stale (``ps._module_sync``).
-        self._ps_epoch = 0
+        # Bumped by every ``ClusterCoordinator.schedule``: the chief's copies of module
+        # parameters pulled at an older epoch may be stale (``ps._module_sync``).
+        self._epoch = 0
         self._uid = uuid.uuid4().hex[:8]
         self._names: defaultdict[str, int] = defaultdict(int)
         self._logical_devices = (LogicalDevice("cpu", 0),)
-        if cluster_resolver is not None:
+        if transport is not None:
+            _cluster.use(transport)
+        elif cluster_resolver is not None:
             self._connect(cluster_resolver)
 
     def _connect(self, resolver: Any) -> None:
@@ -101,8 +109,10 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         if "worker" not in cluster.jobs or cluster.num_tasks("worker") == 0:
             raise ValueError("There must be at least one worker.")
         self._num_ps = cluster.num_tasks("ps")
-        self._worker_addresses = list(cluster.job_tasks("worker"))
-        _transport.configure({job: list(cluster.job_tasks(job)) for job in cluster.jobs})
+        self._ps_transport = _cluster.GrpcTransport(
+            {job: list(cluster.job_tasks(job)) for job in cluster.jobs}
+        )
+        _cluster.use(self._ps_transport)
 
     # --- placement ------------------------------------------------------------------------
     def _next_task(self) -> int:
@@ -171,7 +181,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
 
     def _make(self, tensor, task, name, base, strategy, common) -> _remote.PSVariable:
         key = self._key(base)
-        _transport.run_ps_ops(task, [_remote.var_op("create", key, tensor)], wait=True)
+        self.transport.run_ps_ops(task, [_remote.var_op("create", key, tensor)], wait=True)
         return _remote.PSVariable._handle(
             key=key,
             task=task,
@@ -197,6 +207,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
 
     # --- module parameters ---------------------------------------------------------------
     def _exit_scope(self) -> None:
+        super()._exit_scope()
         self._flush_parameters()
 
     def _register_parameter(
@@ -247,7 +258,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                 offset += shard.shape[0] if shard.shape else 0
                 ops[shard.task].append(_remote.var_op(op, shard.key, part))
         for task, task_ops in ops.items():
-            _transport.run_ps_ops(task, task_ops, wait=True)
+            self.transport.run_ps_ops(task, task_ops, wait=True)
 
     def _parameter_device(self, param: torch.nn.Parameter) -> str | list[str]:
         ref = param._sj_ref
@@ -255,7 +266,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             return [s.device for s in ref.shards]
         return ref.device
 
-    def _pull_parameters(self, params: Any) -> None:
+    def pull_parameters(self, params: Any) -> None:
         """Copy the ps values of ``params`` (module parameters created in scope) into the
         coordinator's tensors (``ps._module_sync`` calls it before the chief uses a module)."""
         self._flush_parameters()
@@ -266,14 +277,14 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                 reads[shard.task].append(shard.key)
         values = {}  # one round trip per ps
         for task, keys in reads.items():
-            results = _transport.run_ps_ops(task, [_remote.var_op("read", k) for k in keys])
+            results = self.transport.run_ps_ops(task, [_remote.var_op("read", k) for k in keys])
             values.update(zip(keys, results))
         with torch.no_grad():
             for param, shards in wanted:
                 parts = [values[s.key] for s in shards]
                 param.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
 
-    def _push_parameters(self, params: Any) -> None:
+    def push_parameters(self, params: Any) -> None:
         """Assign the coordinator's values of ``params`` to their ps variables (after
         ``load_state_dict`` on the chief)."""
         self._flush_parameters()
@@ -293,7 +304,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                 reads[shard.task].append(_remote.var_op("read_slots", shard.key, optimizer=spec))
         values = {}  # one round trip per ps
         for task, ops in reads.items():
-            results = _transport.run_ps_ops(task, ops)
+            results = self.transport.run_ps_ops(task, ops)
             values.update((op.name, _wire.unpack_state(r)) for op, r in zip(ops, results))
         state = {}
         for index, _, shards, _ in wanted:
@@ -329,7 +340,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                     _remote.var_op("write_slots", shard.key, packed, optimizer=spec)
                 )
         for task, task_ops in ops.items():
-            _transport.run_ps_ops(task, task_ops, wait=True)
+            self.transport.run_ps_ops(task, task_ops, wait=True)
 
     def _ps_parameters(self, opt: torch.optim.Optimizer) -> Iterator[tuple[int, Any, tuple, str]]:
         """``(index in state_dict, parameter, its shards, optimizer JSON)`` of each parameter
@@ -344,23 +355,44 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                     yield index, param, _shards(ref), spec
                 index += 1
 
-    def _before_schedule(self) -> None:
-        """Called by ``ClusterCoordinator.schedule`` before it queues a function: the ps get
-        the parameters still waiting to be sent, and the chief's pulled copies may go stale."""
-        self._flush_parameters()
-        self._ps_epoch += 1
+    # --- the coordinator's side (``coordinator.CoordinatedExtended``) ---------------------
+    @property
+    def transport(self) -> _cluster.PSTransport:
+        """The cluster's ps tasks and workers (gRPC, or an in-memory one given to the strategy)."""
+        return self._ps_transport if self._ps_transport is not None else _cluster.current()
 
-    def _ps_idle(self) -> bool:
+    @property
+    def coordinator(self) -> coordinator.ClusterCoordinator | None:
+        return self._coordinator
+
+    def attach_coordinator(self, cluster_coordinator: coordinator.ClusterCoordinator) -> None:
+        self._coordinator = cluster_coordinator
+        self._container_strategy()._cluster_coordinator = cluster_coordinator
+
+    def before_schedule(self) -> None:
+        """Before a function is queued: the ps get the parameters still waiting to be sent,
+        and the chief's pulled copies may go stale."""
+        self._flush_parameters()
+        self._epoch += 1
+
+    def before_create_resources(self) -> None:
+        """Before per-worker datasets are built: their functions may read module parameters."""
+        self._flush_parameters()
+
+    # --- module parameters on the chief (``ps._module_sync.SyncedExtended``) ---------------
+    @property
+    def ps_epoch(self) -> int:
+        """How many functions were scheduled so far (a pulled copy of an older epoch may be
+        stale)."""
+        return self._epoch
+
+    def ps_settled(self) -> bool:
         """No scheduled function is queued or running (so the ps values are settled)."""
-        coordinator = getattr(self._container_strategy(), "_cluster_coordinator", None)
-        return coordinator is None or coordinator._queue.idle()
+        return self._coordinator is None or self._coordinator.idle()
 
     # --- run ------------------------------------------------------------------------------
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if (
-            self._cluster_resolver is not None
-            and getattr(self._container_strategy(), "_cluster_coordinator", None) is None
-        ):
+        if self._cluster_resolver is not None and self._coordinator is None:
             log.warning(NO_COORDINATOR_WARNING)
         with _context.ReplicaContext(self._container_strategy(), 0, _local_replica_id=0):
             return fn(*args, **kwargs)
@@ -414,15 +446,23 @@ class ParameterServerStrategy(Strategy):
     declared lost within 30 s whatever the deadline.
     """
 
-    def __init__(self, cluster_resolver: Any = None, variable_partitioner: Any = None) -> None:
+    def __init__(
+        self,
+        cluster_resolver: Any = None,
+        variable_partitioner: Any = None,
+        *,
+        transport: _cluster.PSTransport | None = None,
+    ) -> None:
+        """``transport`` (a strategyjob addition, for tests): the cluster to use instead of the
+        resolver's over gRPC, e.g. ``ps._inmemory.InMemoryTransport``."""
         _transport.timeout()  # a bad STRATEGYJOB_PS_TIMEOUT fails here, in one line
-        if cluster_resolver is None:
+        if cluster_resolver is None and transport is None:
             from strategyjob.cluster_resolver import TFConfigClusterResolver
 
             cluster_resolver = TFConfigClusterResolver()
         self._cluster_coordinator = None
         super().__init__(
-            ParameterServerStrategyExtended(self, cluster_resolver, variable_partitioner)
+            ParameterServerStrategyExtended(self, cluster_resolver, variable_partitioner, transport)
         )
 
     def __reduce__(self) -> Any:

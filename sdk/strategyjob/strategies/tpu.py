@@ -50,12 +50,12 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.overrides import TorchFunctionMode
 
-from strategyjob import _context, _nest
+from strategyjob import _context, _names, _nest
 from strategyjob._devices import LogicalDevice
-from strategyjob._reduce import ReduceOp
 from strategyjob._values import regroup, select_replica
 from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolver, multi_worker_util
 from strategyjob.collective import process_group
+from strategyjob.collective.backend import ProcessGroupCollectives
 from strategyjob.collective.options import CommunicationOptions
 from strategyjob.strategies.base import Strategy, StrategyExtended
 from strategyjob.strategies.compat_methods import CompatV1StrategyMethods
@@ -78,6 +78,7 @@ _SHARED_STATE = frozenset(
         "_replica_logical_mesh",
         "_logical_group",
         "_replica_group",
+        "collectives",
         "_split_meshes",
         "_core_meshes",
         "_device_assignment",
@@ -137,7 +138,9 @@ class _Cluster:
     def device(self) -> LogicalDevice:
         job, task = self.task_type or "localhost", self.task_id or 0
         if torch.cuda.is_available():
-            index = int(os.environ.get("LOCAL_RANK", self.rank)) % torch.cuda.device_count()
+            index = (
+                int(os.environ.get(_names.ENV_LOCAL_RANK, self.rank)) % torch.cuda.device_count()
+            )
             return LogicalDevice("cuda", index, job=job, task=task)
         return LogicalDevice("cpu", 0, job=job, task=task)
 
@@ -351,19 +354,6 @@ class _OneMeshPerOperation(TorchFunctionMode):
             return self._extended._on_whole_values(func, args, kwargs)
 
 
-class _PendingAllReduce:
-    """An in-flight gradient-bucket all-reduce; ``wait()`` is bounded like every collective."""
-
-    __slots__ = ("_extended", "_work")
-
-    def __init__(self, extended: TPUExtended, work: Any) -> None:
-        self._extended = extended
-        self._work = work
-
-    def wait(self) -> None:
-        self._extended._wait(self._work, "gradient all-reduce")
-
-
 class TPUExtended(StrategyExtended):
     """Implementation of TPUStrategy: one process per logical device of each replica."""
 
@@ -418,6 +408,15 @@ class TPUExtended(StrategyExtended):
         )
         self._logical_group = self._mesh.get_group("logical")
         self._replica_group = self._mesh.get_group("replica")
+        if self._group is not None:
+            # gradients and reductions go across replicas; the chief (replica 0's first
+            # logical device) broadcasts to every process
+            self.collectives = ProcessGroupCollectives(
+                self._group,
+                self._replica_group,
+                chief=int(grid[0, 0]),
+                workers=[int(r) for r in grid[:, self._logical_core]],
+            )
         # Every annotation of a replica lives on one mesh of its logical devices, so DTensor
         # can combine them: its dimensions are the prime factors of L (L = 4: (2, 2)), which
         # express every split of a power-of-two L (slicing is slow: do it once).
@@ -468,9 +467,6 @@ class TPUExtended(StrategyExtended):
         """The logical core of its replica that this process runs."""
         return self._logical_core
 
-    def _replica_timeout(self) -> float | None:
-        return self._group.options.timeout_seconds if self._group is not None else None
-
     @property
     def experimental_between_graph(self) -> bool:
         return True
@@ -482,84 +478,6 @@ class TPUExtended(StrategyExtended):
     @property
     def should_save_summary(self) -> bool:
         return self.should_checkpoint
-
-    # --- collectives across replicas (the "replica" mesh dimension) ------------------------
-    def _wait(self, work: Any, what: str) -> None:
-        if self._group is not None:
-            self._group.wait(work, what)
-        else:
-            work.wait()
-
-    def _cross_worker_all_reduce(
-        self, reduce_op: ReduceOp, tensors: Sequence[torch.Tensor]
-    ) -> list[torch.Tensor]:
-        if self.num_replicas_in_sync == 1 or not tensors:
-            return list(tensors)
-        results: list[torch.Tensor | None] = [None] * len(tensors)
-        packs: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-        for i, t in enumerate(tensors):
-            packs.setdefault((t.dtype, t.device), []).append(i)
-        for (dtype, _), indices in packs.items():  # one collective per dtype and device
-            wire_dtype = torch.int32 if dtype == torch.bool else dtype
-            flat = torch.cat([tensors[i].detach().reshape(-1).to(wire_dtype) for i in indices])
-            self._wait(
-                dist.all_reduce(flat, group=self._replica_group, async_op=True), "all-reduce"
-            )
-            if reduce_op == ReduceOp.MEAN:
-                count = self.num_replicas_in_sync
-                flat = flat / count if flat.is_floating_point() else flat // count
-            offset = 0
-            for i in indices:
-                n = tensors[i].numel()
-                results[i] = flat[offset : offset + n].view(tensors[i].shape).to(dtype)
-                offset += n
-        return results  # type: ignore[return-value]
-
-    def _cross_worker_all_reduce_async(self, flat: torch.Tensor) -> _PendingAllReduce:
-        """Start a SUM all-reduce of a gradient bucket across replicas, in place (grad_sync
-        overlaps it with the rest of backward)."""
-        work = dist.all_reduce(flat, group=self._replica_group, async_op=True)
-        return _PendingAllReduce(self, work)
-
-    def _cross_worker_all_gather(self, tensor: torch.Tensor, axis: int) -> torch.Tensor:
-        if self.num_replicas_in_sync == 1:
-            return tensor
-        group = self._replica_group
-        count = self.num_replicas_in_sync
-        tensor = tensor.detach()
-        axis = axis % tensor.dim()
-        sizes = torch.zeros(count, dtype=torch.int64, device=tensor.device)
-        sizes[self._replica_id] = tensor.shape[axis]
-        self._wait(dist.all_reduce(sizes, group=group, async_op=True), "all-gather")
-        sizes_list = [int(s) for s in sizes.tolist()]
-        largest = max(sizes_list)
-        padded = tensor
-        if tensor.shape[axis] < largest:
-            pad = list(tensor.shape)
-            pad[axis] = largest - tensor.shape[axis]
-            padded = torch.cat([tensor, tensor.new_zeros(pad)], dim=axis)
-        padded = padded.contiguous()
-        parts = [torch.empty_like(padded) for _ in range(count)]
-        self._wait(dist.all_gather(parts, padded, group=group, async_op=True), "all-gather")
-        return torch.cat([p.narrow(axis, 0, n) for p, n in zip(parts, sizes_list)], dim=axis)
-
-    def _broadcast_from_chief(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self._group is None:
-            return tensor
-        result = torch.as_tensor(tensor).detach().clone()
-        self._group.broadcast([result], src=int(self._grid[0, 0]))
-        return result
-
-    def _any_worker_has_data(self, flag: bool) -> bool:
-        return self._group.any(flag) if self._group is not None else flag
-
-    def _steps_every_worker_has(self, count: int | None) -> int:
-        return 0 if self._group is None else self._group.least_count(count)
-
-    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
-        if self._group is None:
-            return super()._start_any_worker_has_data(flag)
-        return self._group.any_async(flag)
 
     # --- module parameters -------------------------------------------------------------------
     def _register_parameter(
@@ -582,7 +500,7 @@ class TPUExtended(StrategyExtended):
         pending = sync.take_pending_broadcast()
         if pending:
             with torch.no_grad():
-                self._group.broadcast([p.data for p in pending], src=int(self._grid[0, 0]))
+                self.collectives.broadcast_from_chief_in_place([p.data for p in pending])
 
     def _exit_scope(self) -> None:
         super()._exit_scope()

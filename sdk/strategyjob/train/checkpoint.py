@@ -87,7 +87,7 @@ def _role(checkpoint: Checkpoint) -> _Role:
     strategy = strategy_for(checkpoint)
     if strategy is not None:
         extended = strategy.extended
-        return _Role(bool(extended.should_checkpoint), extended._any_worker_has_data)
+        return _Role(bool(extended.should_checkpoint), extended.collectives.any_has_data)
     from strategyjob.collective import process_group
 
     group = process_group._group

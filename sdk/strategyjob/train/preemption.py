@@ -132,7 +132,7 @@ def _agreement(checkpoint: Checkpoint) -> Callable[[bool], Callable[[], bool]]:
     group, else this process alone."""
     strategy = strategy_for(checkpoint)
     if strategy is not None:
-        return strategy.extended._start_any_worker_has_data
+        return strategy.extended.collectives.start_any_has_data
     from strategyjob.collective import process_group
 
     group = process_group._group

@@ -1,8 +1,9 @@
-"""Every cross-replica reduction goes local-first, then through the cross-worker hooks.
+"""Every cross-replica reduction goes local-first, then through ``extended.collectives``.
 
-MultiWorkerMirroredStrategy overrides those hooks with torch.distributed collectives; here a
-fake peer worker (pure logic) stands in for the other process so the routing can be checked:
-global element counts for MEAN with ``axis``, one collective per batch, gradients of all_reduce.
+MultiWorkerMirroredStrategy's backend runs torch.distributed collectives; here a fake peer
+worker (pure logic, a ``CollectiveBackend``) stands in for the other process so the routing can
+be checked: global element counts for MEAN with ``axis``, one collective per batch, gradients
+of all_reduce.
 """
 
 from __future__ import annotations
@@ -10,28 +11,41 @@ from __future__ import annotations
 import pytest
 import strategyjob as sj
 import torch
+from strategyjob.collective.backend import CollectiveBackend, InProcessCollectives
 from strategyjob.strategies.mirrored import MirroredExtended
 
 
+class _FakePeer(InProcessCollectives):
+    """This worker's backend with one peer, whose contributions come from ``peer`` (one entry
+    per call) and ``gathered_from_peer``."""
+
+    num_workers = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peer: list[list[torch.Tensor]] = []
+        self.calls: list[tuple[sj.ReduceOp, list[torch.Tensor]]] = []
+        self.gathered_from_peer: list[torch.Tensor] = []
+
+    def all_reduce(self, tensors, op):
+        self.calls.append((op, [t.clone() for t in tensors]))
+        contributions = self.peer.pop(0)
+        return [t + torch.as_tensor(p, dtype=t.dtype) for t, p in zip(tensors, contributions)]
+
+    def all_gather(self, tensor, axis):
+        return torch.cat([tensor, self.gathered_from_peer.pop(0)], dim=axis)
+
+
 class _FakePeerExtended(MirroredExtended):
-    """Worker 0 of two; the peer's contributions come from ``peer`` (one entry per call)."""
+    """Worker 0 of two."""
 
     _num_workers = 2
     _worker_index = 0
 
     def __init__(self, strategy: sj.Strategy, devices: list[str]) -> None:
         super().__init__(strategy, devices)
-        self.peer: list[list[torch.Tensor]] = []
-        self.calls: list[tuple[sj.ReduceOp, list[torch.Tensor]]] = []
-        self.gathered_from_peer: list[torch.Tensor] = []
-
-    def _cross_worker_all_reduce(self, reduce_op, tensors):
-        self.calls.append((reduce_op, [t.clone() for t in tensors]))
-        contributions = self.peer.pop(0)
-        return [t + torch.as_tensor(p, dtype=t.dtype) for t, p in zip(tensors, contributions)]
-
-    def _cross_worker_all_gather(self, tensor, axis):
-        return torch.cat([tensor, self.gathered_from_peer.pop(0)], dim=axis)
+        self.collectives = _FakePeer()
+        assert isinstance(self.collectives, CollectiveBackend)
 
 
 class _FakePeerStrategy(sj.Strategy):
@@ -41,17 +55,18 @@ class _FakePeerStrategy(sj.Strategy):
 
 def test_reduce_mean_with_axis_all_reduces_numerator_and_denominator() -> None:
     strategy = _FakePeerStrategy(["cpu:0"])
-    strategy.extended.peer = [[torch.tensor(9.0)], [torch.tensor(2)]]  # peer holds [4, 5]
+    # the peer holds [4, 5]
+    strategy.extended.collectives.peer = [[torch.tensor(9.0)], [torch.tensor(2)]]
     result = strategy.reduce("MEAN", torch.tensor([0.0, 1.0, 2.0, 3.0]), axis=0)
     assert float(result) == 2.5  # (6 + 9) / (4 + 2)
-    ops = [op for op, _ in strategy.extended.calls]
+    ops = [op for op, _ in strategy.extended.collectives.calls]
     assert ops == [sj.ReduceOp.SUM, sj.ReduceOp.SUM]
-    assert [float(t[0]) for _, t in strategy.extended.calls] == [6.0, 4.0]
+    assert [float(t[0]) for _, t in strategy.extended.collectives.calls] == [6.0, 4.0]
 
 
 def test_host_value_with_one_local_replica_is_all_reduced() -> None:
     strategy = _FakePeerStrategy(["cpu:0"])
-    strategy.extended.peer = [[torch.tensor(1.0)]]
+    strategy.extended.collectives.peer = [[torch.tensor(1.0)]]
     assert float(strategy.reduce("SUM", torch.tensor(1.0), axis=None)) == 2.0
     assert strategy.num_replicas_in_sync == 2
 
@@ -60,16 +75,16 @@ def test_local_replicas_are_summed_before_the_cross_worker_call() -> None:
     strategy = _FakePeerStrategy(["cpu:0", "cpu:1"])
     assert strategy.num_replicas_in_sync == 4
     assert [strategy.extended._global_replica_id(i) for i in range(2)] == [0, 1]
-    strategy.extended.peer = [[torch.tensor([10.0, 10.0])]]
+    strategy.extended.collectives.peer = [[torch.tensor([10.0, 10.0])]]
     value = sj.PerReplica([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])])
     assert strategy.reduce("MEAN", value, axis=None).tolist() == [3.5, 4.0]  # (4+10)/4, (6+10)/4
-    ((op, sent),) = strategy.extended.calls
+    ((op, sent),) = strategy.extended.collectives.calls
     assert op == sj.ReduceOp.SUM and sent[0].tolist() == [4.0, 6.0]
 
 
 def test_all_reduce_in_replicas_issues_one_batched_call() -> None:
     strategy = _FakePeerStrategy(["cpu:0", "cpu:1"])
-    strategy.extended.peer = [[torch.tensor(100.0), torch.tensor([1, 1])]]
+    strategy.extended.collectives.peer = [[torch.tensor(100.0), torch.tensor([1, 1])]]
 
     def fn() -> tuple:
         i = int(sj.get_replica_context().replica_id_in_sync_group)
@@ -80,12 +95,12 @@ def test_all_reduce_in_replicas_issues_one_batched_call() -> None:
     scalars, vectors = strategy.run(fn)
     assert [float(v) for v in scalars.values] == [101.0, 101.0]
     assert [v.tolist() for v in vectors.values] == [[2, 3], [2, 3]]
-    assert len(strategy.extended.calls) == 1
+    assert len(strategy.extended.collectives.calls) == 1
 
 
 def test_gather_concatenates_local_then_workers() -> None:
     strategy = _FakePeerStrategy(["cpu:0", "cpu:1"])
-    strategy.extended.gathered_from_peer = [torch.tensor([5, 6])]
+    strategy.extended.collectives.gathered_from_peer = [torch.tensor([5, 6])]
     value = sj.PerReplica([torch.tensor([1, 2]), torch.tensor([3])])
     assert strategy.gather(value, axis=0).tolist() == [1, 2, 3, 5, 6]
 

@@ -10,6 +10,7 @@ refused instead of training each replica's copy apart.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 
@@ -162,20 +163,21 @@ def test_optimizer_over_parameters_of_no_strategy_is_refused_in_run(make_strateg
 
 @pytest.mark.parametrize("make_strategy", list(_two_replica_strategies()))
 def test_parameters_added_later_are_synchronised(make_strategy):
-    """A head attached and a free parameter added to the optimizer after training started,
-    both built outside any scope, train like one process."""
+    """A head attached and a free parameter added to the optimizer in scope after training
+    started train like one process."""
     x, y = _data()
 
     def later_parts() -> tuple[nn.Module, nn.Parameter]:
         torch.manual_seed(5)
         return nn.Linear(3, 3), nn.Parameter(torch.randn(3))
 
-    def run(model, opt, extra_holder, step):
+    def run(model, opt, extra_holder, step, scope=contextlib.nullcontext):
         for k in range(4):
             if k == 2:  # after two steps
-                model.head, extra = later_parts()
-                opt.add_param_group({"params": model.head.parameters()})
-                opt.add_param_group({"params": [extra]})
+                with scope():
+                    model.head, extra = later_parts()
+                    opt.add_param_group({"params": model.head.parameters()})
+                    opt.add_param_group({"params": [extra]})
                 extra_holder.append(extra)
             step(model, opt, extra_holder)
 
@@ -211,7 +213,7 @@ def test_parameters_added_later_are_synchronised(make_strategy):
 
         strategy.run(step_fn, args=next(batches))
 
-    run(model, opt, extra_holder, step)
+    run(model, opt, extra_holder, step, strategy.scope)
     trained = [*model.parameters(), *extra_holder]
     expected = [*reference.parameters(), *ref_extra]
     assert len(trained) == len(expected) == 7
@@ -225,15 +227,18 @@ def test_parameter_attached_later_to_a_synchronised_module_is_synchronised():
     strategy = sj.MirroredStrategy(["cpu:0", "cpu:1"])
     with strategy.scope():
         model = _base()
-    model.scale = nn.Parameter(torch.ones(1))  # outside scope, next to synchronised ones
-    replaced = nn.Parameter(torch.zeros(3))
-    model.body[2].bias = replaced  # replacing one (as load_state_dict(assign=True) does)
+    model.plain = nn.Parameter(torch.ones(1))  # outside scope: TF does not distribute it
+    with strategy.scope():
+        model.scale = nn.Parameter(torch.ones(1))  # next to synchronised ones
+        replaced = nn.Parameter(torch.zeros(3))
+        model.body[2].bias = replaced  # replacing one (as load_state_dict(assign=True) does)
     sync = grad_sync.synchronizer_for(strategy.extended)
     assert grad_sync._owner.get(model.scale) is sync
     assert grad_sync._owner.get(replaced) is sync
-    plain = _base()
-    plain.scale = nn.Parameter(torch.ones(1))  # a module of no strategy stays plain
-    assert plain.scale not in grad_sync._owner
+    assert model.plain not in grad_sync._owner
+    opt = _make_opt(model.parameters())  # steps it in run: refused, as TF refuses
+    with pytest.raises(ValueError, match="was not created in the distribution strategy scope"):
+        _train(strategy, model, opt, 1)
 
 
 def test_copy_made_outside_scope_stays_plain_and_frozen_parameters_are_accepted():
@@ -292,6 +297,8 @@ def test_checks_run_once_per_optimizer_not_per_step(monkeypatch):
 
 @pytest.mark.parametrize("outside_first", [True, False])
 def test_optimizer_over_synchronised_and_outside_parameters_adopts_them_all(outside_first):
+    """Created in scope, an optimizer adopts every parameter it updates; created outside, it
+    is refused at its first step in ``run`` (TF's error), not adopted behind the user's back."""
     from strategyjob.collective import grad_sync
 
     strategy = sj.MirroredStrategy(["cpu:0", "cpu:1"])
@@ -299,7 +306,17 @@ def test_optimizer_over_synchronised_and_outside_parameters_adopts_them_all(outs
         inside = nn.Linear(2, 2)
     outside = nn.Linear(2, 2)
     groups = [{"params": outside.parameters()}, {"params": inside.parameters(), "lr": 0.5}]
-    torch.optim.SGD(groups if outside_first else groups[::-1], lr=0.1)  # created outside scope
+    groups = groups if outside_first else groups[::-1]
+    late = torch.optim.SGD(groups, lr=0.1)  # created outside scope
+    assert all(p not in grad_sync._owner for p in outside.parameters())
+
+    def step_fn():
+        late.step()
+
+    with pytest.raises(ValueError, match="was not created in the distribution strategy scope"):
+        strategy.run(step_fn)
+    with strategy.scope():
+        torch.optim.SGD(groups, lr=0.1)
     sync = grad_sync.synchronizer_for(strategy.extended)
     assert all(grad_sync._owner.get(p) is sync for p in outside.parameters())
 

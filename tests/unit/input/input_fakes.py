@@ -1,8 +1,9 @@
 """Fake strategy internals for unit tests of the input layer's pure logic.
 
-``FakeExtended`` carries the topology hooks ``distribute_dataset`` reads. ``FakeCluster`` runs
-several fake workers in threads and makes ``_any_worker_has_data`` a real lock-step
-all-reduce among them, like the process-group one of MultiWorkerMirroredStrategy.
+``FakeExtended`` carries the topology hooks ``distribute_dataset`` reads and is its own
+``collectives`` (the agreements of a ``CollectiveBackend``). ``FakeCluster`` runs several fake
+workers in threads and makes ``any_has_data`` a real lock-step all-reduce among them, like the
+process-group backend of MultiWorkerMirroredStrategy.
 """
 
 from __future__ import annotations
@@ -36,16 +37,20 @@ class FakeExtended:
         self.any_worker_calls: list[bool] = []
         self.answers_collected: list[int] = []  # steps whose agreement the iterator waited on
 
+    @property
+    def collectives(self) -> FakeExtended:
+        return self
+
     def _global_replica_id(self, local_id: int) -> int:
         return self._worker_index * len(self._local_devices) + local_id
 
-    def _any_worker_has_data(self, flag: bool) -> bool:
+    def any_has_data(self, flag: bool) -> bool:
         self.any_worker_calls.append(flag)
         if self._cluster is None:
             return flag
         return self._cluster.any_has_data(self._worker_index, flag)
 
-    def _steps_every_worker_has(self, count: int | None) -> int:
+    def least_count(self, count: int | None) -> int:
         """Single worker: 0 (agree at every step, as the real base strategy); in a cluster: the
         smallest count, -1 for a worker that cannot count (as MultiWorkerMirroredStrategy)."""
         self.counts_offered.append(count)
@@ -54,9 +59,9 @@ class FakeExtended:
         counts = self._cluster.gather(self._worker_index, -1 if count is None else count)
         return max(min(counts), 0)
 
-    def _start_any_worker_has_data(self, flag: bool) -> Callable[[], bool]:
+    def start_any_has_data(self, flag: bool) -> Callable[[], bool]:
         """Agrees at once (lock-step); records when the iterator asks for the answer."""
-        answer = self._any_worker_has_data(flag)
+        answer = self.any_has_data(flag)
         step = len(self.any_worker_calls) - 1
 
         def wait() -> bool:

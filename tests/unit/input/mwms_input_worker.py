@@ -40,13 +40,13 @@ def main() -> None:
     )
     result: dict = {"worker": strategy.extended._worker_index, "agreements": []}
     extended = strategy.extended
-    start_agreement = extended._start_any_worker_has_data
+    start_agreement = extended.collectives.start_any_has_data
 
     def recorded_agreement(flag: bool):  # counts the per-step end-of-input agreements
         result["agreements"].append(flag)
         return start_agreement(flag)
 
-    extended._start_any_worker_has_data = recorded_agreement
+    extended.collectives.start_any_has_data = recorded_agreement
     if case == "range":
         batches = [torch.arange(i, min(i + 8, 14)) for i in range(0, 14, 8)]
         distributed = strategy.experimental_distribute_dataset(batches)

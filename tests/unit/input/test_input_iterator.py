@@ -106,7 +106,7 @@ def test_a_worker_with_data_does_not_wait_for_the_agreement_of_its_step() -> Non
 
 def test_a_failed_agreement_surfaces_at_the_next_step() -> None:
     class Broken(FakeExtended):
-        def _start_any_worker_has_data(self, flag: bool):
+        def start_any_has_data(self, flag: bool):
             def wait() -> bool:
                 raise UnavailableError("cluster check alive failed, worker 1 is down")
 
@@ -152,7 +152,7 @@ def test_fetch_to_device_moves_to_the_replica_device() -> None:
 
 def test_worker_without_any_data_gets_a_clear_error() -> None:
     class OtherWorkerHasData(FakeExtended):
-        def _any_worker_has_data(self, flag: bool) -> bool:
+        def any_has_data(self, flag: bool) -> bool:
             return True
 
     extended = OtherWorkerHasData(2)

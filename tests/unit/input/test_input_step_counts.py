@@ -112,7 +112,7 @@ class _LyingSampler(Sampler[int]):
 
 def test_an_input_shorter_than_its_len_is_an_error_naming_the_worker() -> None:
     class Agreed(FakeExtended):
-        def _steps_every_worker_has(self, count: int | None) -> int:
+        def least_count(self, count: int | None) -> int:
             return count or 0  # as if every worker had offered the same count
 
     loader = DataLoader(torch.arange(5), batch_size=1, sampler=_LyingSampler())

@@ -15,23 +15,6 @@ from strategyjob.launcher import _plan
 ROOT = Path(__file__).resolve().parents[3]
 SOURCES = (ROOT / "sdk" / "strategyjob", ROOT / "operator" / "strategyjob_operator")
 
-#: Names still spelled out where other work is under way; each is to import strategyjob._names
-#: instead, and then leaves this list.
-NOT_YET_SWITCHED = {
-    ("sdk/strategyjob/collective/process_group.py", "MASTER_ADDR"),
-    ("sdk/strategyjob/collective/process_group.py", "MASTER_PORT"),
-    ("sdk/strategyjob/collective/process_group.py", "RANK"),
-    ("sdk/strategyjob/collective/process_group.py", "STRATEGYJOB_RENDEZVOUS_TIMEOUT"),
-    ("sdk/strategyjob/collective/process_group.py", "STRATEGYJOB_UNRESPONSIVE_PEER_SECONDS"),
-    ("sdk/strategyjob/collective/process_group.py", "WORLD_SIZE"),
-    ("sdk/strategyjob/ps/_server.py", "STRATEGYJOB_MAX_CONCURRENT_CALLS"),
-    ("sdk/strategyjob/ps/_transport.py", "STRATEGYJOB_PS_CONNECT_TIMEOUT"),
-    ("sdk/strategyjob/ps/_transport.py", "STRATEGYJOB_PS_TIMEOUT"),
-    ("sdk/strategyjob/ps/_transport.py", "STRATEGYJOB_TOKEN"),
-    ("sdk/strategyjob/ps/coordinator.py", "STRATEGYJOB_CLOSURES_IN_FLIGHT_PER_WORKER"),
-    ("sdk/strategyjob/strategies/tpu.py", "LOCAL_RANK"),
-}
-
 
 def shared_names() -> dict[str, str]:
     """The names a module could spell out by mistake: the environment variables and the API
@@ -77,12 +60,7 @@ def spelled_out(values: set[str]) -> Iterator[tuple[str, str]]:
 def test_every_shared_name_is_defined_once() -> None:
     values = set(shared_names().values())
     found = set(spelled_out(values))
-    assert found - NOT_YET_SWITCHED == set(), "import these from strategyjob._names"
-
-
-def test_the_list_of_names_not_yet_switched_is_current() -> None:
-    found = set(spelled_out(set(shared_names().values())))
-    assert NOT_YET_SWITCHED - found == set(), "switched: remove them from NOT_YET_SWITCHED"
+    assert found == set(), "import these from strategyjob._names"
 
 
 def test_the_crd_serves_the_names_of_the_sdk() -> None:

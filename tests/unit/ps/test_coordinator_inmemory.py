@@ -1,0 +1,311 @@
+"""``ClusterCoordinator`` with a real ``ParameterServerStrategy`` on the in-memory transport:
+TensorFlow's scheduling, retry of a lost worker's closure, error propagation and a worker's
+return, table by table, in this process (the ps and workers are the servers' own code, reached
+without sockets; ``tests/ps`` runs the same over gRPC on subprocess clusters)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import strategyjob as sj
+import torch
+from strategyjob import errors
+from strategyjob.ps import _cluster
+from strategyjob.ps._inmemory import InMemoryTransport
+from strategyjob.ps.coordinator import (
+    CANCELLED_MESSAGE,
+    ClosureInputError,
+    ClusterCoordinator,
+    RemoteValue,
+    RemoteValueStatus,
+    get_current_worker_index,
+)
+from strategyjob.strategies.parameter_server import ParameterServerStrategy
+
+DEADLINE = 60.0  # seconds for anything the test waits for (generous: shared, slow machines)
+
+# Gates the scheduled functions wait on (module-level functions ship by reference, so a
+# function running on an in-process worker sees these very events).
+_GATES: dict[str, threading.Event] = {}
+
+
+def _wait_for_gate(name: str) -> int:
+    if not _GATES[name].wait(DEADLINE):
+        raise TimeoutError(f"gate {name!r} never opened")
+    return get_current_worker_index()
+
+
+def _add_one(v: Any) -> int:
+    v.assign_add(torch.ones(()))
+    return get_current_worker_index()
+
+
+def _double(v: Any, x: int) -> tuple[int, int]:
+    v.assign_add(torch.ones(()))
+    return 2 * x, get_current_worker_index()
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def _next_item(iterator: Any) -> int:
+    return next(iterator)
+
+
+def _poll(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+class Cluster:
+    def __init__(self, workers: int, ps: int) -> None:
+        self.transport = InMemoryTransport(workers, ps)
+        self.strategy = ParameterServerStrategy(transport=self.transport)
+        with self.strategy.scope():
+            self.v = sj.Variable(torch.zeros(()))
+        self.coordinator: ClusterCoordinator | None = None
+
+    def start(self) -> ClusterCoordinator:
+        self.coordinator = ClusterCoordinator(self.strategy)
+        return self.coordinator
+
+    def steps_on(self, worker: int) -> list[str]:
+        return [step for w, step in list(self.transport.closures) if w == worker]
+
+
+@pytest.fixture
+def make_cluster() -> Iterator[Callable[..., Cluster]]:
+    made: list[Cluster] = []
+    previous = _cluster.current()
+
+    def make(workers: int = 2, ps: int = 1) -> Cluster:
+        cluster = Cluster(workers, ps)
+        made.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for gate in _GATES.values():
+            gate.set()  # nothing stays blocked
+        _GATES.clear()
+        for cluster in made:
+            cluster.transport.close()  # (a worker thread waiting for its worker stops waiting)
+            if cluster.coordinator is not None:
+                cluster.coordinator._shutdown()
+        _cluster.use(previous)
+
+
+def _gate(name: str) -> threading.Event:
+    gate = _GATES[name] = threading.Event()
+    return gate
+
+
+# ---------------------------------------------------------------------------------------------
+# scheduling
+
+
+@pytest.mark.parametrize(
+    ("workers", "ps", "functions"),
+    [(1, 1, 1), (2, 1, 8), (3, 2, 12)],
+    ids=["one-worker", "two-workers", "three-workers-two-ps"],
+)
+def test_scheduled_functions_run_and_return_remote_values(make_cluster, workers, ps, functions):
+    cluster = make_cluster(workers, ps)
+    coordinator = cluster.start()
+    results = [coordinator.schedule(_double, args=(cluster.v, i)) for i in range(functions)]
+    assert all(isinstance(r, RemoteValue) for r in results)
+    coordinator.join()
+    assert coordinator.done()
+    for i, result in enumerate(results):
+        assert result._status is RemoteValueStatus.READY
+        value, worker = result.fetch()
+        assert value == 2 * i and 0 <= worker < workers
+    assert cluster.v.read_value().item() == functions  # every update applied once
+    assert len(cluster.transport.closures) == functions  # one run each: no retry
+
+
+def test_done_is_false_while_a_function_runs_and_join_waits_for_it(make_cluster):
+    cluster = make_cluster(1, 1)
+    coordinator = cluster.start()
+    gate = _gate("running")
+    result = coordinator.schedule(_wait_for_gate, args=("running",))
+    assert not coordinator.done()
+    assert not coordinator.idle()
+    gate.set()
+    coordinator.join()
+    assert coordinator.done() and coordinator.idle()
+    assert result.fetch() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# a lost worker's closure runs again on another
+
+
+@pytest.mark.parametrize(
+    ("after_running", "attempts_on_lost"),
+    [(False, 0), (True, 1)],
+    ids=["lost-before-running", "lost-after-running-updates-applied-once"],
+)
+def test_a_lost_workers_closure_is_retried_on_another(
+    make_cluster, after_running, attempts_on_lost
+):
+    cluster = make_cluster(2, 1)
+    transport = cluster.transport
+    transport.set_worker_available(1, False)  # worker 0 takes the closure
+    transport.lose_worker_on_next(0, after_running=after_running)
+    coordinator = cluster.start()
+    result = coordinator.schedule(_add_one, args=(cluster.v,))
+    _poll(lambda: not transport.worker_available(0), "worker 0 to be lost")
+    transport.set_worker_available(1, True)
+    coordinator.join()
+    assert result.fetch() == 1  # ran (again) on worker 1
+    assert cluster.v.read_value().item() == 1  # the retry's update skipped if applied before
+    assert len(cluster.steps_on(0)) == attempts_on_lost
+    (step,) = cluster.steps_on(1)
+    assert cluster.steps_on(0) in ([], [step])  # the same step id for every attempt
+
+
+@pytest.mark.parametrize(
+    ("comeback", "builds_on_worker_0"),
+    [("returns", [0, 1]), ("restarts", [0, 1, 0, 1])],  # the dataset (0), its iterator (1)
+    ids=["same-incarnation-keeps-resources", "restarted-worker-gets-resources-rebuilt"],
+)
+def test_a_lost_worker_takes_closures_again_when_it_comes_back(
+    make_cluster, comeback, builds_on_worker_0
+):
+    cluster = make_cluster(2, 1)
+    transport = cluster.transport
+    coordinator = cluster.start()
+    dataset = coordinator.create_per_worker_dataset(lambda: iter(range(1000)))
+    iterator = iter(dataset)
+    transport.set_worker_available(1, False)
+    assert coordinator.schedule(_next_item, args=(iterator,)).fetch() == 0  # built on worker 0
+    transport.lose_worker_on_next(0, after_running=False)
+    lost = coordinator.schedule(_add_one, args=(cluster.v,))
+    _poll(lambda: not transport.worker_available(0), "worker 0 to be lost")
+    assert not coordinator.done()  # no worker to run it: it waits, it does not fail
+    if comeback == "returns":
+        transport.set_worker_available(0, True)
+    else:
+        transport.restart_worker(0)
+    coordinator.join()
+    assert lost.fetch() == 0
+    transport.set_worker_available(1, True)
+    after = [coordinator.schedule(_next_item, args=(iterator,)) for _ in range(4)]
+    coordinator.join()
+    assert all(isinstance(r.fetch(), int) for r in after)
+    assert [r for w, r in transport.resources if w == 0] == builds_on_worker_0
+
+
+# ---------------------------------------------------------------------------------------------
+# errors: the first one is raised once, at the next schedule / join / done; the rest cancelled
+
+
+def _surface_at_schedule(coordinator: ClusterCoordinator, cluster: Cluster) -> None:
+    _poll(lambda: coordinator.idle(), "the closures to end")
+    coordinator.schedule(_add_one, args=(cluster.v,))
+
+
+def _surface_at_done(coordinator: ClusterCoordinator, cluster: Cluster) -> None:
+    _poll(lambda: coordinator.idle(), "the closures to end")
+    coordinator.done()
+
+
+@pytest.mark.parametrize(
+    "surface",
+    [lambda c, _: c.join(), _surface_at_done, _surface_at_schedule],
+    ids=["join", "done", "schedule"],
+)
+def test_a_functions_error_is_raised_once_and_cancels_the_rest(make_cluster, surface):
+    cluster = make_cluster(1, 1)
+    coordinator = cluster.start()
+    gate = _gate("first")
+    first = coordinator.schedule(_wait_for_gate, args=("first",))  # the queue fills behind it
+    failing = coordinator.schedule(_fail, args=("boom",))
+    rest = [coordinator.schedule(_add_one, args=(cluster.v,)) for _ in range(3)]
+    gate.set()
+    with pytest.raises(ValueError, match="boom"):
+        surface(coordinator, cluster)
+    assert first.fetch() == 0
+    with pytest.raises(ValueError, match="boom"):
+        failing.fetch()
+    for result in rest:
+        with pytest.raises(errors.CancelledError, match=CANCELLED_MESSAGE):
+            result.fetch()
+    assert cluster.v.read_value().item() == 0  # the cancelled ones never ran
+    # Raised once: scheduling works again.
+    again = coordinator.schedule(_add_one, args=(cluster.v,))
+    coordinator.join()
+    assert again.fetch() == 0 and cluster.v.read_value().item() == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "message"),
+    [
+        ("ps-down", errors.UnavailableError, "Parameter server /job:ps/replica:0/task:0 is"),
+        ("input", ClosureInputError, "Input has an error"),
+    ],
+    ids=["ps-down-past-its-retries", "per-worker-dataset-fails"],
+)
+def test_cluster_failures_surface_as_tensorflows_errors(
+    make_cluster, monkeypatch, fault, error, message
+):
+    monkeypatch.setenv("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "0")
+    cluster = make_cluster(1, 1)
+    coordinator = cluster.start()
+    if fault == "ps-down":
+        cluster.transport.set_ps_available(0, False)
+        result = coordinator.schedule(_add_one, args=(cluster.v,))
+    else:
+        dataset = coordinator.create_per_worker_dataset(lambda: _fail("no input"))
+        result = coordinator.schedule(_next_item, args=(iter(dataset),))
+    with pytest.raises(error, match=message):
+        coordinator.join()
+    with pytest.raises(error, match=message):
+        result.fetch()
+
+
+def test_a_ps_back_within_the_retries_lets_the_function_finish(make_cluster, monkeypatch):
+    # Six retries span 23.5 s (0.5, 1, 2, 4, 8, 8): the ps is back long before, even under load.
+    monkeypatch.setenv("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "6")
+    cluster = make_cluster(1, 1)
+    coordinator = cluster.start()
+    cluster.transport.set_ps_available(0, False)
+    result = coordinator.schedule(_add_one, args=(cluster.v,))
+    _poll(lambda: cluster.transport.closures, "a first attempt to meet the ps down")
+    cluster.transport.set_ps_available(0, True)
+    coordinator.join()
+    assert result.fetch() == 0
+    assert cluster.v.read_value().item() == 1
+    assert len(cluster.transport.closures) >= 2  # retried
+
+
+# ---------------------------------------------------------------------------------------------
+# the coordinator and the strategy talk through their protocol
+
+
+def test_the_strategy_knows_its_coordinator_and_whether_it_is_idle(make_cluster):
+    cluster = make_cluster(1, 1)
+    extended = cluster.strategy.extended
+    assert extended.coordinator is None and extended.ps_settled()
+    coordinator = cluster.start()
+    assert extended.coordinator is coordinator
+    assert ClusterCoordinator(cluster.strategy) is coordinator  # one per strategy
+    assert extended.transport is cluster.transport
+    epoch = extended.ps_epoch
+    gate = _gate("settled")
+    coordinator.schedule(_wait_for_gate, args=("settled",))
+    assert extended.ps_epoch == epoch + 1
+    assert not extended.ps_settled()
+    gate.set()
+    coordinator.join()
+    assert extended.ps_settled()
