@@ -40,13 +40,7 @@ def control_plane() -> Iterator[ControlPlane]:
     cp = ControlPlane(bin_dir).start()
     try:
         cp.kubectl("apply", "-f", str(REPO_ROOT / "crds"))
-        cp.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/strategyjobs.strategyjob.dev",
-            "crd/clusterkopfpeerings.kopf.dev",
-        )
+        cp.wait_established("strategyjobs.strategyjob.dev", "clusterkopfpeerings.kopf.dev")
         yield cp
     finally:
         cp.stop()

@@ -129,13 +129,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cp = ControlPlane(bin_dir, apiserver_args=(f"--client-ca-file={pki.ca}", ADMISSION)).start()
     try:
         cp.kubectl("apply", "-f", str(REPO_ROOT / "crds"))
-        cp.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/strategyjobs.strategyjob.dev",
-            "crd/clusterkopfpeerings.kopf.dev",
-        )
+        cp.wait_established("strategyjobs.strategyjob.dev", "clusterkopfpeerings.kopf.dev")
         yield Cluster(cp, pki, directory)
     finally:
         cp.stop()

@@ -26,8 +26,13 @@ def template_of(obj: dict[str, Any]) -> dict[str, Any]:
 PLACES: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], str]] = {
     "container": (container_of, f"{CONTAINER}."),
     "template": (template_of, f"{WORKER}.template."),
+    "pod": (lambda o: template_of(o)["spec"], f"{WORKER}.template.spec."),
     "metadata": (lambda o: o["metadata"], "metadata."),
     "runPolicy": (lambda o: o["spec"].setdefault("runPolicy", {}), "spec.runPolicy."),
+    "scheduling": (
+        lambda o: o["spec"].setdefault("runPolicy", {}).setdefault("schedulingPolicy", {}),
+        "spec.runPolicy.schedulingPolicy.",
+    ),
     "worker": (lambda o: o["spec"]["replicaSpecs"]["worker"], f"{WORKER}."),
 }
 
@@ -149,6 +154,76 @@ MISTAKES: dict[str, Mistake] = {
     "replicas-over-the-type-limit": Mistake(
         "worker", {"replicas": 1001}, "replicas", "1000 or less"
     ),
+    # what the CRD bounds and types for its CEL rules (volumes, projected sources, the names
+    # of Secrets and ServiceAccounts), and names a scheduler reads
+    "container-empty-name": Mistake(
+        "pod", {"containers": [{"name": "", "image": "python:3.11"}]}, "containers[0]", "name:"
+    ),
+    "volumes-number": Mistake("pod", {"volumes": 5}, "volumes", "- name: data"),
+    "volumes-too-many": Mistake(
+        "pod",
+        {"volumes": [{"name": f"v{i}", "emptyDir": {}} for i in range(513)]},
+        "volumes",
+        "at most 512 entries",
+    ),
+    "volume-entry-string": Mistake("pod", {"volumes": ["data"]}, "volumes[0]", "key: value"),
+    "volume-secret-string": Mistake(
+        "pod", {"volumes": [{"name": "s", "secret": "s"}]}, "volumes[0].secret", "key: value"
+    ),
+    "volume-secret-name-number": Mistake(
+        "pod",
+        {"volumes": [{"name": "s", "secret": {"secretName": 5}}]},
+        "volumes[0].secret.secretName",
+        '"my-secret"',
+    ),
+    "volume-secret-name-too-long": Mistake(
+        "pod",
+        {"volumes": [{"name": "s", "secret": {"secretName": "s" * 254}}]},
+        "volumes[0].secret.secretName",
+        "at most 253 characters",
+    ),
+    "projected-sources-too-many": Mistake(
+        "pod",
+        {
+            "volumes": [
+                {
+                    "name": "p",
+                    "projected": {"sources": [{"configMap": {"name": "c"}}] * 129},
+                }
+            ]
+        },
+        "volumes[0].projected.sources",
+        "at most 128 entries",
+    ),
+    "projected-secret-name-number": Mistake(
+        "pod",
+        {"volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": 5}}]}}]},
+        "volumes[0].projected.sources[0].secret.name",
+        '"my-secret"',
+    ),
+    "service-account-number": Mistake(
+        "pod", {"serviceAccountName": 5}, "serviceAccountName", '"my-account"'
+    ),
+    "service-account-too-long": Mistake(
+        "pod", {"serviceAccountName": "a" * 254}, "serviceAccountName", "at most 253 characters"
+    ),
+    "secret-key-ref-name-too-long": Mistake(
+        "container",
+        {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s" * 254, "key": "k"}}}]},
+        "env[0].valueFrom.secretKeyRef.name",
+        "at most 253 characters",
+    ),
+    "env-from-string": Mistake("container", {"envFrom": "s"}, "envFrom", "- secretRef:"),
+    "env-from-secret-ref-name-number": Mistake(
+        "container",
+        {"envFrom": [{"secretRef": {"name": 5}}]},
+        "envFrom[0].secretRef.name",
+        '"my-secret"',
+    ),
+    "queue-too-long": Mistake("scheduling", {"queue": "q" * 254}, "queue", "at most 253"),
+    "priority-class-number": Mistake(
+        "scheduling", {"priorityClass": 1}, "priorityClass", '"high-priority"'
+    ),
 }
 
 #: The mistakes the CRD's schema refuses too (the API server answers 400 or 422), each with
@@ -171,6 +246,22 @@ CRD_REFUSES: dict[str, str] = {
             "deadline-int32",
             "template-labels-list",
             "template-annotation-number",
+            "container-empty-name",
+            "volumes-number",
+            "volumes-too-many",
+            "volume-entry-string",
+            "volume-secret-string",
+            "volume-secret-name-number",
+            "volume-secret-name-too-long",
+            "projected-sources-too-many",
+            "projected-secret-name-number",
+            "service-account-number",
+            "service-account-too-long",
+            "secret-key-ref-name-too-long",
+            "env-from-string",
+            "env-from-secret-ref-name-number",
+            "queue-too-long",
+            "priority-class-number",
         )
     },
     "labels-list": "labels",

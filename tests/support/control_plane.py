@@ -207,6 +207,24 @@ class ControlPlane:
             check=check,
         )
 
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Wait until the API server serves every CRD named (``kubectl wait`` alone has been
+        seen to fail right after an apply: poll ``get`` until a deadline instead)."""
+        deadline = time.monotonic() + timeout
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+        pending = list(crds)
+        last = ""
+        while pending:
+            done = self.kubectl("get", f"crd/{pending[0]}", "-o", f"jsonpath={query}", check=False)
+            if done.returncode == 0 and done.stdout.strip() == "True":
+                pending.pop(0)
+                continue
+            last = (done.stderr or done.stdout).strip()
+            if time.monotonic() > deadline:
+                why = last or "no condition yet"
+                raise RuntimeError(f"CRD {pending[0]} not Established after {timeout:.0f} s: {why}")
+            time.sleep(0.2)  # polling a condition with a deadline
+
     def stop(self, keep_dir: bool = False) -> None:
         for p in reversed(self.procs):
             if p.poll() is None:

@@ -1,6 +1,8 @@
 """Hypothesis strategies for fuzzing StrategyJob manifests: mutations of valid manifests
-(a wrong type, a huge number, a string where a list belongs, an odd key), shared by the
-loader's unit fuzz tests and the integration test that asks the real API server.
+(a wrong type, a huge number, a string where a list belongs, an odd key, a list grown to
+around the CRD's ``maxItems``, a reference to another job's token Secret or
+ServiceAccount), shared by the loader's unit fuzz tests and the integration test that asks
+the real API server.
 
 Plain module (no pytest fixtures), imported as ``tests.support.manifest_mutations``.
 """
@@ -46,7 +48,9 @@ def _container(name: str, command: list[str]) -> dict[str, Any]:
         "env": [
             {"name": "LR", "value": "0.1"},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "k"}}},
         ],
+        "envFrom": [{"secretRef": {"name": "creds"}}, {"configMapRef": {"name": "cfg"}}],
         "ports": [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}],
     }
 
@@ -57,7 +61,23 @@ def _replica(replicas: int, command: list[str]) -> dict[str, Any]:
         "restartPolicy": "OnFailure",
         "template": {
             "metadata": {"labels": {"team": "vision"}, "annotations": {"note": "fuzz"}},
-            "spec": {"containers": [_container("strategyjob", command)]},
+            "spec": {
+                "containers": [_container("strategyjob", command)],
+                "serviceAccountName": "trainer",
+                "volumes": [
+                    {"name": "data", "emptyDir": {}},
+                    {"name": "creds", "secret": {"secretName": "creds"}},
+                    {
+                        "name": "all",
+                        "projected": {
+                            "sources": [
+                                {"secret": {"name": "creds"}},
+                                {"configMap": {"name": "cfg"}},
+                            ]
+                        },
+                    },
+                ],
+            },
         },
     }
 
@@ -109,7 +129,16 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]
 
 
 _EDGE_INTS = [0, -1, 1, 1000, 1001, 65535, 65536, 100_000, 2**31 - 1, 2**31, 2**63 - 1, 2**63]
-_EDGE_TEXT = ["", " ", "0", "true", "a\nb", "python train.py", "Worker", "x" * 300, "🙂"]
+_EDGE_TEXT = [
+    *("", " ", "0", "true", "a\nb", "python train.py", "Worker", "🙂"),
+    *("x" * 253, "x" * 254, "🙂" * 254, "x" * 300),  # around the CRD's maxLength of names
+]
+#: Lists the CRD bounds (``maxItems``), and lengths around their bounds.
+_BOUNDED_LISTS = ("volumes", "sources")
+_EDGE_LENGTHS = [127, 128, 129, 511, 512, 513]
+#: Names of another job's token Secret and ServiceAccount (both refused by the loader and
+#: the CRD wherever the CRD reads them), and of the job's own ServiceAccount (allowed).
+_REFERENCED = ["other-strategyjob-token", "other-strategyjob-sa", "fuzz-strategyjob-sa"]
 
 
 def values(json_only: bool = True) -> st.SearchStrategy[Any]:
@@ -150,17 +179,58 @@ def _delete(doc: Any, path: tuple[Any, ...]) -> None:
     del parent[path[-1]]
 
 
+def _get(doc: Any, path: tuple[Any, ...]) -> Any:
+    for step in path:
+        doc = doc[step]
+    return doc
+
+
+#: Where the CRD's CEL rules read a Secret's or a ServiceAccount's name ("[]": a list index).
+_REFERENCE_TAILS = (
+    ("template", "spec", "serviceAccountName"),
+    ("secretKeyRef", "name"),
+    ("secretRef", "name"),
+    ("volumes", "[]", "secret", "secretName"),
+    ("sources", "[]", "secret", "name"),
+)
+
+
+def _is_reference(path: tuple[Any, ...]) -> bool:
+    """A Secret's name where the CRD reads it (``secretKeyRef``, ``secretRef``, a ``secret``
+    volume or projected source), or the pod's ``serviceAccountName``."""
+    tail = tuple(step if isinstance(step, str) else "[]" for step in path[-4:])
+    return any(tail[-len(t) :] == t for t in _REFERENCE_TAILS)
+
+
 @st.composite
 def mutated_manifests(draw: st.DrawFn, json_only: bool = True) -> dict[str, Any]:
-    """A valid manifest with one to three mutations: a value replaced, a key removed, or a
-    key added (an unknown one, or one with an odd name)."""
+    """A valid manifest with one to three mutations: a value replaced, a key removed, a key
+    added (an unknown one, or one with an odd name), a list the CRD bounds grown to around
+    its bound, or a Secret's or ServiceAccount's name set to another job's."""
     doc = copy.deepcopy(draw(st.sampled_from(base_manifests())))
+    grown = False  # one list grown at most: 513 volumes of 513 sources are a 10 MB request
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
         paths = list(_paths(doc))
         if not paths:
             break
+        kind = draw(
+            st.sampled_from(["replace", "replace", "replace", "delete", "add", "grow", "refer"])
+        )
+        if kind == "grow":
+            lists = [p for p in paths if p[-1] in _BOUNDED_LISTS and isinstance(_get(doc, p), list)]
+            if lists and not grown:
+                grown = True
+                items = _get(doc, draw(st.sampled_from(lists)))
+                length = draw(st.sampled_from(_EDGE_LENGTHS))
+                pattern = items[-1] if items else {"name": "v"}
+                items.extend(copy.deepcopy(pattern) for _ in range(length - len(items)))
+            continue
+        if kind == "refer":
+            references = [p for p in paths if _is_reference(p)]
+            if references:
+                _set(doc, draw(st.sampled_from(references)), draw(st.sampled_from(_REFERENCED)))
+            continue
         path = draw(st.sampled_from(paths))
-        kind = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add"]))
         if kind == "replace":
             _set(doc, path, draw(values(json_only)))
         elif kind == "delete":

@@ -30,8 +30,11 @@ from strategyjob.jobspec._model import (
     KIND,
     MAX_INT32,
     MAX_NAME_LENGTH,
+    MAX_PROJECTED_SOURCES,
+    MAX_REFERENCE_LENGTH,
     MAX_REPLICAS,
     MAX_TOTAL_REPLICAS,
+    MAX_VOLUMES,
     PORT_PROTOCOLS,
     REPLICA_TYPES,
     RESTART_POLICIES,
@@ -124,13 +127,41 @@ class _Checker:
             return default
         return value
 
-    def string(self, path: str, value: Any, example: str) -> str | None:
+    def string(
+        self, path: str, value: Any, example: str, max_length: int | None = None
+    ) -> str | None:
         if value is None or value is _MISSING:
             return None
         if not isinstance(value, str):
             self.add(msg.NOT_A_STRING, value, path=path, example=example)
             return None
+        if max_length is not None and len(value) > max_length:
+            # characters, as the API server counts a CRD's maxLength (runes)
+            self.add(msg.STRING_TOO_LONG, value, path=path, maximum=max_length, length=len(value))
+            return None
         return value
+
+    def name(self, path: str, value: Any, example: str) -> str | None:
+        """The name of another object (a Secret, a ServiceAccount), which the CRD types as
+        a string of at most :data:`MAX_REFERENCE_LENGTH` characters."""
+        return self.string(path, value, example, MAX_REFERENCE_LENGTH)
+
+    def entries(
+        self, path: str, value: Any, example: str, maximum: int | None = None
+    ) -> list[Mapping[str, Any]]:
+        """A list of mappings, of at most ``maximum`` entries (the CRD's ``maxItems``): the
+        entries that are mappings (a wrong one reported), ``[]`` when absent or wrong."""
+        items = self.sequence(path, value, example)
+        if maximum is not None and len(items) > maximum:
+            self.add(msg.TOO_MANY_ITEMS, len(items), path=path, maximum=maximum)
+        out: list[Mapping[str, Any]] = []
+        for i, item in enumerate(items):
+            if isinstance(item, Mapping):
+                out.append(item)
+            else:
+                self.add(msg.NOT_A_MAPPING, item, path=f"{path}[{i}]")
+                out.append({})
+        return out
 
     def string_map(self, path: str, value: Any) -> dict[str, str]:
         """Labels or annotations: a mapping of strings to strings (``{}`` when absent)."""
@@ -372,11 +403,45 @@ def _read_template(check: _Checker, replica_type: str, raw: Any) -> dict[str, An
         check.add(msg.MISSING_CONTAINERS, containers, replica_type=replica_type)
     else:
         for index, container in enumerate(containers):
-            if not isinstance(container, Mapping) or not isinstance(container.get("name"), str):
+            if (
+                not isinstance(container, Mapping)
+                or not isinstance(container.get("name"), str)
+                or not container["name"]
+            ):
                 check.add(msg.BAD_CONTAINER, container, replica_type=replica_type, index=index)
             else:
                 _read_container(check, f"{path}.spec.containers[{index}]", container)
+    _read_pod_references(check, f"{path}.spec", pod_spec)
     return copy.deepcopy(_plain(template))
+
+
+def _read_pod_references(check: _Checker, path: str, pod_spec: Mapping[str, Any]) -> None:
+    """What the CRD types in a pod spec so that its CEL rules can read it within their cost
+    budget: ``serviceAccountName``, and ``volumes`` (at most :data:`MAX_VOLUMES`) with their
+    Secrets' names and projected sources (at most :data:`MAX_PROJECTED_SOURCES` each), so
+    that a template the loader accepts is one the API server admits."""
+    check.name(f"{path}.serviceAccountName", pod_spec.get("serviceAccountName"), "my-account")
+    volumes = check.entries(f"{path}.volumes", pod_spec.get("volumes"), "- name: data", MAX_VOLUMES)
+    for i, volume in enumerate(volumes):
+        where = f"{path}.volumes[{i}]"
+        secret = check.mapping(f"{where}.secret", volume.get("secret"), None)
+        check.name(f"{where}.secret.secretName", secret.get("secretName"), "my-secret")
+        projected = check.mapping(f"{where}.projected", volume.get("projected"), None)
+        sources = check.entries(
+            f"{where}.projected.sources",
+            projected.get("sources"),
+            "- secret: {name: my-secret}",
+            MAX_PROJECTED_SOURCES,
+        )
+        for j, source in enumerate(sources):
+            _read_secret_ref(check, f"{where}.projected.sources[{j}].secret", source.get("secret"))
+
+
+def _read_secret_ref(check: _Checker, path: str, value: Any) -> None:
+    """A reference to a Secret by ``name`` (``secretKeyRef``, ``secretRef``, a projected
+    ``secret``), as the CRD types it."""
+    ref = check.mapping(path, value, None)
+    check.name(f"{path}.name", ref.get("name"), "my-secret")
 
 
 def _read_container(check: _Checker, path: str, container: Mapping[str, Any]) -> None:
@@ -407,7 +472,12 @@ def _read_container(check: _Checker, path: str, container: Mapping[str, Any]) ->
         value = entry.get("value")
         if value is not None and not isinstance(value, str):
             check.add(msg.NOT_A_STRING, value, path=f"{where}.value", example=_scalar_text(value))
-        check.mapping(f"{where}.valueFrom", entry.get("valueFrom"), None)
+        value_from = check.mapping(f"{where}.valueFrom", entry.get("valueFrom"), None)
+        _read_secret_ref(check, f"{where}.valueFrom.secretKeyRef", value_from.get("secretKeyRef"))
+
+    sources = check.entries(f"{path}.envFrom", container.get("envFrom"), "- secretRef: {name: x}")
+    for i, source in enumerate(sources):
+        _read_secret_ref(check, f"{path}.envFrom[{i}].secretRef", source.get("secretRef"))
 
     ports = check.sequence(f"{path}.ports", container.get("ports"), "- containerPort: 2222")
     for i, entry in enumerate(ports):
@@ -483,10 +553,8 @@ def _read_run_policy(check: _Checker, raw: Any) -> RunPolicy:
                 minimum=1,
                 maximum=MAX_INT32,
             ),
-            queue=check.string(
-                f"{path}.schedulingPolicy.queue", scheduling.get("queue"), "default"
-            ),
-            priority_class=check.string(
+            queue=check.name(f"{path}.schedulingPolicy.queue", scheduling.get("queue"), "default"),
+            priority_class=check.name(
                 f"{path}.schedulingPolicy.priorityClass",
                 scheduling.get("priorityClass"),
                 "high-priority",

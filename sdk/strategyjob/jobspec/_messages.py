@@ -65,6 +65,13 @@ INTEGER_TOO_LARGE = "{path}: must be at most {maximum} (got {value}). Set it to 
 NOT_A_BOOLEAN = "{path}: must be true or false (got {value}). Write true or false."
 NOT_A_STRING = '{path}: must be a string (got {value}). Quote it, e.g. "{example}".'
 NOT_ONE_OF = "{path}: unknown value (got {value}). Use one of: {allowed}."
+TOO_MANY_ITEMS = (
+    "{path}: too many entries, at most {maximum} (got {value}). Use at most {maximum} entries."
+)
+STRING_TOO_LONG = (
+    "{path}: too long, {length} characters, more than {maximum} (got {value}). "
+    "Use a name of at most {maximum} characters."
+)
 
 # --- strategy and replicas ---------------------------------------------------------------------
 MISSING_STRATEGY = (

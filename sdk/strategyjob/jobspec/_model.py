@@ -90,6 +90,13 @@ TF_CONFIG_BYTES_PER_REPLICA = 89
 #: Largest count or number of seconds in ``runPolicy`` (the CRD's int32 maximum): about 68
 #: years, so a deadline or TTL added to any date stays a date.
 MAX_INT32 = 2**31 - 1
+#: The CRD's bounds on what its CEL rules read in a pod template (CEL's cost budget holds
+#: the token-Secret rules only with them; no pod comes near): most ``volumes``, most
+#: ``projected.sources`` of one volume, and the longest name of a Secret, ServiceAccount,
+#: queue or PriorityClass (a DNS subdomain).
+MAX_VOLUMES = 512
+MAX_PROJECTED_SOURCES = 128
+MAX_REFERENCE_LENGTH = 253
 #: Container port protocols Kubernetes accepts.
 PORT_PROTOCOLS: tuple[str, ...] = ("TCP", "UDP", "SCTP")
 #: Container that receives the injected environment; the first container otherwise.

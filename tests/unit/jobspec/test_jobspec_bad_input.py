@@ -166,3 +166,19 @@ def test_the_crd_bounds_and_types_what_the_loader_bounds_and_types():
     number = port["properties"]["containerPort"]
     assert (number["minimum"], number["maximum"]) == (1, 65535)
     assert port["properties"]["protocol"]["enum"] == list(jobspec.PORT_PROTOCOLS)
+
+    pod = template["spec"]["properties"]
+    assert pod["serviceAccountName"]["maxLength"] == jobspec.MAX_REFERENCE_LENGTH
+    volumes = pod["volumes"]
+    assert volumes["maxItems"] == jobspec.MAX_VOLUMES
+    volume = volumes["items"]["properties"]
+    secret_name = volume["secret"]["properties"]["secretName"]
+    assert secret_name["maxLength"] == jobspec.MAX_REFERENCE_LENGTH
+    sources = volume["projected"]["properties"]["sources"]
+    assert sources["maxItems"] == jobspec.MAX_PROJECTED_SOURCES
+    secret_ref = sources["items"]["properties"]["secret"]["properties"]["name"]
+    assert secret_ref["maxLength"] == jobspec.MAX_REFERENCE_LENGTH
+    env_from = container["envFrom"]["items"]["properties"]["secretRef"]["properties"]["name"]
+    assert env_from["maxLength"] == jobspec.MAX_REFERENCE_LENGTH
+    for name in ("queue", "priorityClass"):
+        assert scheduling[name]["maxLength"] == jobspec.MAX_REFERENCE_LENGTH, name
