@@ -7,17 +7,38 @@ for the rest; a gang scheduler binds all of a job's pods or none. As TFJob does 
 Volcano also takes the ``queue`` and ``priorityClass``) and points every pod at the scheduler
 and the group. Without one, ``minAvailable`` and ``queue`` cannot be honoured, and the job
 gets a Warning Event saying so rather than silence.
+
+A gang must also get all its pods past a namespace's ResourceQuota, or none: pods created one
+by one under a quota can leave several gangs each holding part of it and none able to start.
+So (as Kueue admits a workload only when its whole quota is free) the operator creates a gang's
+pods only when every quota has room for all of them (:mod:`.quota`), one gang of a namespace at
+a time; undoes a creation the quota refuses part-way (another workload took the room first);
+and deletes the PodGroup of a suspended job, so the scheduler reserves nothing for it (the
+next pass after the resume creates it again). The functions at the end do that I/O for the
+reconciler; the rest are pure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
+from strategyjob_operator import observe, quota
+from strategyjob_operator.plan import Event, Plan
+
+if TYPE_CHECKING:
+    from strategyjob_operator.kube import KubeApi
+
+logger = logging.getLogger("strategyjob_operator")
 
 #: Event reason of the warning for a scheduling policy no scheduler will honour.
 REASON_NO_GANG_SCHEDULER = "GangSchedulingUnavailable"
@@ -132,3 +153,151 @@ def unhonoured_policy(job: jobspec.StrategyJob, scheduler: GangScheduler | None)
         f"{where}. Install Volcano or the scheduler-plugins coscheduling plugin and set the "
         f"operator's gangScheduler (STRATEGYJOB_GANG_SCHEDULER), or remove these fields."
     )
+
+
+# --- ResourceQuota: all of a gang's pods or none --------------------------------------------
+
+
+#: The reason of the CreateFailed condition and Event of a gang that waits for quota.
+REASON_WAITING_FOR_QUOTA = quota.REASON_WAITING_FOR_QUOTA
+
+
+class QuotaShortfall(Exception):
+    """The namespace's quotas cannot hold all of the gang's pods: none is created (the
+    CreateFailed condition and Event say which quota and resource, as the API server would)."""
+
+
+def quota_pod_specs(
+    job: jobspec.StrategyJob, replicas: Iterable[tuple[str, int]]
+) -> list[tuple[dict[str, Any], int]]:
+    """What a quota sees of the pods of ``replicas``: each replica type's template spec (with
+    the scheduling policy's priority class where it sets none, as the pods get it) and how
+    many of its pods; cheap for any size of job (no TF_CONFIG is built)."""
+    counts = Counter(t for t, _ in replicas)
+    priority_class = job.run_policy.scheduling_policy.priority_class
+    out = []
+    for replica_type, count in sorted(counts.items()):
+        spec = dict((job.replica_specs[replica_type].template or {}).get("spec") or {})
+        if priority_class and not spec.get("priorityClassName"):
+            spec["priorityClassName"] = priority_class
+        out.append((spec, count))
+    return out
+
+
+def quota_refusal(error: BaseException) -> bool:
+    """Whether the API server refused a pod because a ResourceQuota is used up."""
+    return getattr(error, "status", None) == 403 and "exceeded quota" in str(error)
+
+
+_ADMISSION: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@contextlib.asynccontextmanager
+async def admission(scheduler: GangScheduler | None, namespace: str) -> AsyncIterator[None]:
+    """Hold the namespace's gang admission (with a gang ``scheduler``; without, nothing):
+    one gang's quota check and pod creation at a time, so two gangs of the operator never
+    both see the same room and both get only part of it."""
+    if scheduler is None:
+        yield
+        return
+    locks = _ADMISSION.setdefault(asyncio.get_running_loop(), {})
+    async with locks.setdefault(namespace, asyncio.Lock()):
+        yield
+
+
+async def quota_shortfall(
+    api: KubeApi,
+    job: jobspec.StrategyJob,
+    replicas: Sequence[tuple[str, int]],
+    scheduler: GangScheduler | None,
+) -> QuotaShortfall | None:
+    """Why the pods of ``replicas`` must wait (None: create them): with a gang scheduler,
+    the namespace's ResourceQuotas cannot hold all of them. Quotas that cannot be read (RBAC
+    of an older chart) do not stop the gang: the API server still enforces them."""
+    if scheduler is None or not replicas:
+        return None
+    try:
+        quotas = await api.list_resource_quotas(job.namespace)
+    except Exception as e:  # a check the API server repeats; log, go on
+        logger.warning(
+            "StrategyJob %s/%s: cannot read the namespace's ResourceQuotas (%s); creating its "
+            "pods without checking that all of them fit",
+            job.namespace,
+            job.name,
+            e,
+        )
+        return None
+    found = quota.shortfalls(quotas, quota_pod_specs(job, replicas))
+    if not found:
+        return None
+    return QuotaShortfall(
+        f"{quota.waiting_message(found)} (none of the gang's pods is created until all fit)"
+    )
+
+
+def waiting_what(plan: Plan) -> str:
+    """What the CreateFailed message says could not be created for a gang that waits."""
+    n = len(plan.create)
+    return f"the gang's {n} pods" if n != 1 else "the gang's pod"
+
+
+async def undo_partial_creation(
+    api: KubeApi,
+    job: jobspec.StrategyJob,
+    created: Sequence[str],
+    failed: Sequence[tuple[str, BaseException]],
+    scheduler: GangScheduler | None,
+) -> tuple[int, Event | None]:
+    """After the quota refused some of a gang's pods (another workload took the room between
+    the check and the creation), delete the pods this attempt ``created``: a gang holding
+    part of the quota blocks others and cannot start itself. The next attempt (after the
+    creation back-off) creates all of them again. Returns how many went and the Event."""
+    refused = sorted(name for name, e in failed if quota_refusal(e))
+    if scheduler is None or not refused or not created:
+        return 0, None
+    deleted = 0
+    for name in created:
+        try:
+            if await api.delete(api.core_path(job.namespace, "pods", name), grace_seconds=0):
+                deleted += 1
+        except Exception as e:  # the next pass sees the pod and tries again
+            logger.warning("Deleting pod %s/%s failed: %s", job.namespace, name, e)
+    message = (
+        f"The ResourceQuota refused pod {refused[0]} while the gang's pods were being created "
+        f"(another workload took the room first): deleted the {deleted} pods created in this "
+        "attempt, so that the gang holds no quota while it waits; it tries again after a "
+        "back-off."
+    )
+    logger.warning("StrategyJob %s/%s: %s", job.namespace, job.name, message)
+    return deleted, Event("Warning", quota.REASON_WAITING_FOR_QUOTA, message)
+
+
+async def release_pod_group(
+    api: KubeApi, job: jobspec.StrategyJob, uid: str | None, scheduler: GangScheduler | None
+) -> bool:
+    """Delete the PodGroup of a suspended job (only the one this job controls): the scheduler
+    then reserves nothing for it (Volcano enqueues a PodGroup by its minResources). The pass
+    after the resume creates it again. True when one was deleted."""
+    if scheduler is None or uid is None:
+        return False
+    path = api.group_path(scheduler.api_version, job.namespace, "podgroups", pod_group_name(job))
+    try:
+        existing = await api.get_metadata(path)
+        if existing is None or existing["metadata"].get("deletionTimestamp"):
+            return False
+        if observe.controller_uid(existing) != uid:
+            return False  # not this job's: never the operator's to delete
+        gone = await api.delete(path, uid=existing["metadata"].get("uid"))
+    except Exception as e:  # retried by the next pass of the suspended job
+        logger.warning(
+            "StrategyJob %s/%s: cannot delete its PodGroup while suspended: %s",
+            job.namespace,
+            job.name,
+            e,
+        )
+        return False
+    if gone:
+        logger.info("StrategyJob %s/%s: suspended; deleted its PodGroup", job.namespace, job.name)
+    return gone

@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,10 +22,11 @@ import kopf
 from strategyjob_operator import constants as c
 from strategyjob_operator import gang, metrics
 from strategyjob_operator.decide import DEFAULT_LOST_POD_SECONDS
-from strategyjob_operator.kube import LIST_PAGE_SIZE, Credentials, KubeApi
+from strategyjob_operator.kube import LIST_PAGE_SIZE, ApiError, Credentials, KubeApi
 from strategyjob_operator.reconcile import (
     DEFAULT_RESYNC_SECONDS,
     DEFAULT_TERMINATION_GRACE_SECONDS,
+    JobGone,
     OperatorSettings,
     Reconciler,
 )
@@ -33,6 +35,10 @@ logger = logging.getLogger("strategyjob_operator")
 
 #: Longest wait between passes after an unexpected error.
 MAX_ERROR_BACKOFF = 60.0
+#: Passes of one job in a row that the API server refuses (HTTP 403) before the operator
+#: gives up: its RBAC was taken away after the startup check (about 7 s with the backoff;
+#: one refusal may be an API server restarting during an upgrade).
+FORBIDDEN_PASSES = 4
 #: The finalizer earlier versions put on every StrategyJob (kopf's, for its daemons). None is
 #: needed: a job's children go by garbage collection (owner references) and nothing is due
 #: before a job goes, so ``kubectl delete`` and ``helm uninstall`` never wait for the
@@ -67,6 +73,43 @@ def give_up(message: str) -> None:
     STATE.fatal = STATE.fatal or message
     if not STATE.stop_flag.done():
         STATE.stop_flag.set_result(None)
+
+
+#: The authorizer's refusal (RBAC), not an admission webhook's 403 about one object.
+_RBAC_REFUSAL = re.compile(r'is forbidden: User ".*" cannot \S+ resource')
+
+
+def is_rbac_refusal(error: BaseException) -> bool:
+    """A 403 from the API server's authorizer: the account may not make this call at all."""
+    status = error.status if isinstance(error, ApiError) else getattr(error, "status", None)
+    return status == 403 and _RBAC_REFUSAL.search(str(error)) is not None
+
+
+def forbidden_message(error: BaseException) -> str:
+    """Why the operator stops when the API server forbids what it needs after startup."""
+    detail = error.detail if isinstance(error, ApiError) else one_line(error)
+    return (
+        f"The API server forbids a request the operator needs (HTTP 403: {detail}): "
+        "its account lost RBAC since it started; give it the Helm chart's ClusterRole and Roles "
+        "back, then restart the operator."
+    )
+
+
+class _GiveUpOnForbidden(logging.Handler):
+    """kopf logs a watch or its peering that the API server forbids (after its retries) and
+    goes on without it, so the operator would serve no job, silently: stop it instead."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        error = record.exc_info[1] if record.exc_info else None
+        if record.levelno >= logging.ERROR and error is not None and is_rbac_refusal(error):
+            give_up(forbidden_message(error))
+
+
+def give_up_on_kopfs_forbidden_requests() -> None:
+    """Install :class:`_GiveUpOnForbidden` on kopf's loggers (once)."""
+    kopf_logger = logging.getLogger("kopf")
+    if not any(isinstance(h, _GiveUpOnForbidden) for h in kopf_logger.handlers):
+        kopf_logger.addHandler(_GiveUpOnForbidden())
 
 
 def _resync_seconds(value: str) -> float | None:
@@ -146,6 +189,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         STATE.settings = settings_from_env()
     except ValueError as e:  # a bad setting: say which, once, and stop
         raise kopf.PermanentError(str(e)) from None
+    give_up_on_kopfs_forbidden_requests()
     settings.posting.enabled = False  # the reconciler posts its own Events, not log lines
     settings.persistence.finalizer = FINALIZER
     # Only the job's pods, filtered by the API server.
@@ -271,7 +315,9 @@ async def run_job(
 ) -> None:
     """The job's reconcile loop, alive while the job exists (and this replica leads). It
     ends itself when the job is deleted: kopf stops a daemon only for an object that has
-    its finalizer, and StrategyJobs carry none (:func:`no_finalizer_for_daemons`)."""
+    its finalizer, and StrategyJobs carry none (:func:`no_finalizer_for_daemons`). On the
+    job's DELETED event, or when a pass reads the job gone (the event lost: a watch that
+    reconnected), it ends and the reconciler forgets the job."""
     if namespace is None:  # kopf's type allows cluster-scoped objects; StrategyJobs are not
         return
     key = (namespace, name)
@@ -282,15 +328,18 @@ async def run_job(
     event = STATE.wakeups[key] = asyncio.Event()
     event.set()
     delay: float | None = None
-    errors = 0
+    errors = forbidden = 0
+    gone = False
     try:
         while not stopped:
             timed = False
             try:
-                await asyncio.wait_for(event.wait(), timeout=delay)
+                timeout = delay if delay is not None else STATE.settings.idle_check_seconds
+                await asyncio.wait_for(event.wait(), timeout=timeout)
             except TimeoutError:
                 timed = True
             if STATE.daemons.get(key) != uid:  # deleted, or replaced by a namesake
+                gone = True
                 return
             event.clear()
             reconciler = STATE.reconciler
@@ -301,8 +350,16 @@ async def run_job(
                 reconciler.metrics.inc("timed_passes", namespace)
             try:
                 delay = await reconciler.reconcile(namespace, name, uid)
-                errors = 0
+                errors = forbidden = 0
+            except JobGone:  # its DELETED event missed, or not yet here
+                logger.info("StrategyJob %s/%s is gone; its reconcile loop ends.", *key)
+                gone = True
+                return
             except Exception as e:  # keep the loop alive; the next pass retries
+                forbidden = forbidden + 1 if is_rbac_refusal(e) else 0
+                if forbidden >= FORBIDDEN_PASSES:  # RBAC taken away: no pass can work
+                    give_up(forbidden_message(e))
+                    return
                 errors += 1
                 delay = min(MAX_ERROR_BACKOFF, 0.5 * 2**errors)
                 logger.warning(
@@ -318,6 +375,8 @@ async def run_job(
             del STATE.daemons[key]
         if STATE.wakeups.get(key) is event:  # else it is a namesake's daemon's
             del STATE.wakeups[key]
+        if gone and STATE.reconciler is not None:
+            STATE.reconciler.forget(namespace, name, uid)
 
 
 def no_finalizer_for_daemons(registry: Any = None) -> None:

@@ -316,6 +316,11 @@ class KubeApi:
                 return None
             raise
 
+    async def list_resource_quotas(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's ResourceQuotas (a gang's pods are created only if all fit)."""
+        page = await self.request("GET", self.core_path(namespace, "resourcequotas"))
+        return [item for item in page.get("items") or [] if isinstance(item, dict)]
+
     async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
         """The objects matching ``label_selector``, read :data:`LIST_PAGE_SIZE` at a time,
         pods without their containers' ``env`` (:func:`without_env`), so that listing a

@@ -30,9 +30,21 @@ logger = logging.getLogger("strategyjob_operator")
 #: Seconds between passes while the pods of an earlier job of the same name are going.
 STALE_RETRY_SECONDS = 1.0
 
+#: A job's per-job state is the job's, not its name's: (namespace, name, uid).
+JobKey = tuple[str, str, str]
+
+
+class JobGone(Exception):
+    """A pass for one job (by uid) read it deleted, or replaced by a namesake: the job's
+    loop ends, as on its DELETED watch event, which a watch can miss (an event lost while
+    it reconnected)."""
+
 
 #: The operator's periodic resync of each active job (``STRATEGYJOB_RESYNC_SECONDS``).
 DEFAULT_RESYNC_SECONDS = 60.0
+#: Longest wait of a job's loop that nothing is due for (a finished or suspended job): its
+#: pass then reads the job, so a deletion whose watch event was lost ends the loop anyway.
+IDLE_CHECK_SECONDS = 600.0
 #: The pods' grace period when their template sets none
 #: (``STRATEGYJOB_TERMINATION_GRACE_SECONDS``): room for a preemption checkpoint.
 DEFAULT_TERMINATION_GRACE_SECONDS = 60
@@ -166,6 +178,8 @@ class PodCreation:
     stale: bool = False
     #: ``(pod name, error)`` of each pod the API server refused.
     failed: list[tuple[str, Exception]] = field(default_factory=list)
+    #: The pods created (a gang's are deleted again when the quota refuses some).
+    created_names: list[str] = field(default_factory=list)
 
 
 def utcnow() -> datetime:
@@ -189,6 +203,10 @@ class OperatorSettings:
     1000 jobs do not resync at once): it notices what no watch event reported (a pod
     orphaned and relabelled, an event lost while the watch reconnected). None: never
     (the operator's command line uses :data:`DEFAULT_RESYNC_SECONDS`)."""
+    idle_check_seconds: float | None = IDLE_CHECK_SECONDS
+    """Longest wait of a job's loop between passes when nothing is due (a finished or
+    suspended job): the pass reads the job, and a job deleted while the watch missed its
+    DELETED event ends its loop (:class:`JobGone`) instead of idling until a restart."""
     termination_grace_seconds: int | None = None
     """``terminationGracePeriodSeconds`` of pods whose template sets none: the time between
     SIGTERM (preemption, drain, a restart) and SIGKILL, in which the training saves its
@@ -214,14 +232,25 @@ class Reconciler:
         self.clock = clock
         self.metrics = registry
         #: Per job, since when its pods in phase Unknown were seen so (by pod uid).
-        self._unknown_seen: dict[tuple[str, str], dict[str, str]] = {}
+        self._unknown_seen: dict[JobKey, dict[str, str]] = {}
         #: Per job, when to try again to create what the API server refused.
-        self._create_backoff: dict[tuple[str, str], decide.CreateBackoff] = {}
+        self._create_backoff: dict[JobKey, decide.CreateBackoff] = {}
+
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        """Free what the reconciler keeps about a job, once its loop ends (the job deleted):
+        else an operator that runs for months holds an entry per job it ever saw."""
+        key = (namespace, name, uid)
+        self._unknown_seen.pop(key, None)
+        self._create_backoff.pop(key, None)
+
+    def remembered(self) -> set[JobKey]:
+        """The jobs the reconciler keeps state about (what :meth:`forget` frees)."""
+        return {*self._unknown_seen, *self._create_backoff}
 
     async def reconcile(self, namespace: str, name: str, uid: str | None = None) -> float | None:
         """One pass; returns seconds until a time-driven pass is due (None: none). With
-        ``uid``, a pass only for that job: a namesake created since (its own loop runs) is
-        left alone."""
+        ``uid``, a pass only for that job: it raises :class:`JobGone` when the job is
+        deleted, or replaced by a namesake (whose own loop runs: it is left alone)."""
         started = time.perf_counter()
         try:
             return await self._reconcile(namespace, name, uid)
@@ -232,9 +261,9 @@ class Reconciler:
         api = self.api
         job_path = api.job_path(namespace, name)
         job_obj = await api.get(job_path)
+        if uid is not None and (job_obj is None or job_obj["metadata"].get("uid") != uid):
+            raise JobGone(f"StrategyJob {namespace}/{name} (uid {uid}) is gone")
         if job_obj is None or job_obj["metadata"].get("deletionTimestamp"):
-            return None
-        if uid is not None and job_obj["metadata"].get("uid") != uid:
             return None
         now = self.clock()
         status = job_obj.get("status") or {}
@@ -246,15 +275,16 @@ class Reconciler:
 
         pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
         uid = job_obj["metadata"].get("uid")
+        key: JobKey = (namespace, name, uid or "")
         stale = [p for p in pods if uid and observe.left_by_earlier_job(p, uid, name)]
         if stale:
             return await self._remove_stale_pods(namespace, name, stale)
         replicas = observe.observe(job, pods, uid)
         replicas, seen = observe.stamp_unknown(
-            replicas, self._unknown_seen.pop((namespace, name), {}), decide.timestamp(now)
+            replicas, self._unknown_seen.pop(key, {}), decide.timestamp(now)
         )
         if seen:
-            self._unknown_seen[(namespace, name)] = seen
+            self._unknown_seen[key] = seen
         uids = {r.name: r.uid for r in replicas.values()}
         plan = decide.decide(
             job,
@@ -270,12 +300,14 @@ class Reconciler:
         if plan.delete_pods:  # the decision is persisted only once its deletions happened
             deleted = await self._delete_pods(namespace, plan.delete_pods, uids=uids)
             self.metrics.inc("pods_deleted", namespace, deleted)
+        if plan.action is decide.Action.SUSPEND:  # the scheduler reserves nothing for it
+            await gang.release_pod_group(api, job, uid, self.settings.gang_scheduler)
 
         retry = None
         extra_events: list[decide.Event] = []
         lost_wait = await self._force_delete_lost(namespace, replicas, now, extra_events)
         generation = job_obj["metadata"].get("generation", 0)
-        hold = decide.create_hold(self._create_backoff.get((namespace, name)), generation, now)
+        hold = decide.create_hold(self._create_backoff.get(key), generation, now)
         if hold is not None and (plan.create or plan.ensure_service):
             plan, retry = dataclasses.replace(plan, create=(), ensure_service=False), hold
         #: What could not be created this pass (setup objects, pods) and why.
@@ -292,7 +324,13 @@ class Reconciler:
             if warning and not status.get("conditions"):  # once, when the job is new
                 extra_events.append(decide.Event("Warning", gang.REASON_NO_GANG_SCHEDULER, warning))
         if plan.create and not blocked:  # without its own Service etc., pods would not work
-            outcome = await self._create_pods(job, job_obj, plan.create, plan.status)
+            async with gang.admission(scheduler, namespace):  # a gang: all its pods or none
+                waiting = await gang.quota_shortfall(api, job, plan.create, scheduler)
+                outcome = PodCreation()
+                if waiting is None:
+                    outcome = await self._create_pods(job, job_obj, plan.create, plan.status)
+            if waiting is not None:
+                create_error = (gang.REASON_WAITING_FOR_QUOTA, gang.waiting_what(plan), waiting)
             self.metrics.inc("pods_created", namespace, outcome.created)
             blocked = sorted(outcome.blocked)  # by name: the same message on every pass
             if outcome.stale:
@@ -312,9 +350,14 @@ class Reconciler:
                 # The first by name: the same failure reads the same on every attempt.
                 pod_name, error = min(failed, key=lambda f: f[0])
                 create_error = (c.REASON_CREATE_FAILED, f"pod {pod_name}", error)
+                undone, event = await gang.undo_partial_creation(
+                    api, job, outcome.created_names, failed, scheduler
+                )
+                self.metrics.inc("pods_deleted", namespace, undone)
+                extra_events.extend([event] if event is not None else [])
 
         plan_status, create_retry = self._note_creation(
-            (namespace, name), generation, plan, create_error, now, extra_events
+            key, generation, plan, create_error, now, extra_events
         )
         if create_retry is not None:
             retry = min(retry or create_retry, create_retry)
@@ -378,6 +421,7 @@ class Reconciler:
                 try:
                     if await self._create_child(path, pod, uid):
                         outcome.created += 1
+                        outcome.created_names.append(pod_name)
                 except ChildBlockedError as e:
                     outcome.blocked.append(str(e))
                 except StaleChildError:
@@ -546,7 +590,7 @@ class Reconciler:
 
     def _note_creation(
         self,
-        key: tuple[str, str],
+        key: JobKey,
         generation: int,
         plan: decide.Plan,
         error: tuple[str, str, BaseException] | None,
@@ -574,12 +618,12 @@ class Reconciler:
         delay = (backoff.next_at - now).total_seconds()
         if not backoff.confirmed:  # maybe a race: once more soon, before telling anyone
             logger.info(
-                "StrategyJob %s/%s: cannot create %s (%s); again in %gs", *key, what, exc, delay
+                "StrategyJob %s/%s: cannot create %s (%s); again in %gs", *key[:2], what, exc, delay
             )
             return plan.status, delay
         msg = decide.create_failed_message(what, exc, backoff.permanent)
         status, event = decide.with_create_failure(plan.status, reason, msg, now)
-        logger.warning("StrategyJob %s/%s: %s", *key, msg)
+        logger.warning("StrategyJob %s/%s: %s", *key[:2], msg)
         if event is not None:
             events.append(event)
         return status, delay

@@ -207,6 +207,37 @@ CALLS: list[Call] = [
     ),
 ]
 
+
+def gang_calls(group: str) -> list[Call]:
+    """The calls an operator with a gang scheduler (``operator.gangScheduler``) makes besides
+    :data:`CALLS`, its PodGroups in the scheduler's API ``group``: what the chart adds then
+    (test_helm_chart.py compares them both ways)."""
+    where = "reconcile.Reconciler._create_child"
+    return [
+        *_calls(
+            group,
+            "podgroups",
+            {
+                "create": f"{where}: the job's PodGroup (409: kept if this job owns it); again "
+                "when a suspended job is resumed",
+                "get": f"{where}: on 409, the existing PodGroup's metadata; "
+                "gang.release_pod_group: whose is the PodGroup of a suspended job",
+                "delete": "gang.release_pod_group: the PodGroup of a suspended job (the "
+                f"scheduler reserves nothing for it); {where}: one an earlier job left",
+            },
+            only_when={"get": FOUND, "delete": "a job is suspended"},
+        ),
+        *_calls(
+            "",
+            "resourcequotas",
+            {
+                "list": "gang.quota_shortfall: the namespace's quotas, before a gang's pods "
+                "are created (all of them fit, or none is created)"
+            },
+        ),
+    ]
+
+
 #: The cluster-scoped reads the operator can do without (kopf logs a warning and falls back;
 #: pods stuck on lost nodes are not force-deleted): granted by ``rbac.discovery`` (default
 #: true).

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from helm_harness import CHART, Helm, find, only, rule_keys
-from operator_api_calls import calls_for
+from operator_api_calls import calls_for, gang_calls
 
 from tests.support.control_plane import REPO_ROOT
 
@@ -379,6 +379,8 @@ VALUE_CASES = [
             env_of(docs)["STRATEGYJOB_GANG_SCHEDULER"] == "volcano"
             and ("scheduling.volcano.sh", "podgroups", "create", ())
             in rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
+            and ("", "resourcequotas", "list", ())
+            in rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
         ),
         id="gang-volcano",
     ),
@@ -399,7 +401,7 @@ VALUE_CASES = [
         lambda docs: (
             "STRATEGYJOB_GANG_SCHEDULER" not in env_of(docs)
             and not any(
-                key[1] == "podgroups"
+                key[1] in ("podgroups", "resourcequotas")
                 for key in rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
             )
         ),
@@ -510,3 +512,21 @@ def test_no_rule_uses_wildcards_and_user_roles_are_never_bound(helm: Helm) -> No
         view = only(docs, "ClusterRole", name=f"{FULLNAME}-view")
         assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
         assert {k[2] for k in rule_keys(view["rules"])} == {"get", "list", "watch"}
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "group"),
+    [("volcano", "scheduling.volcano.sh"), ("scheduler-plugins", "scheduling.x-k8s.io")],
+)
+@pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_a_gang_scheduler_adds_exactly_its_calls_to_the_rbac(
+    helm: Helm, scheduler: str, group: str, values: tuple[str, ...]
+) -> None:
+    """With a gang scheduler the operator also makes :func:`gang_calls` (PodGroups, the
+    namespace's ResourceQuotas): the chart adds exactly their rules, in each watch mode."""
+    kind, where = ("Role", {"namespace": "team-a"}) if values else ("ClusterRole", {})
+    base = rule_keys(only(helm.render(*values), kind, name=FULLNAME, **where)["rules"])
+    docs = helm.render(*values, "--set", f"operator.gangScheduler={scheduler}")
+    with_gang = rule_keys(only(docs, kind, name=FULLNAME, **where)["rules"])
+    assert with_gang - base == {(x.group, x.resource, x.verb, ()) for x in gang_calls(group)}
+    assert base <= with_gang

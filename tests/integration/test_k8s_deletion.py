@@ -6,6 +6,7 @@ held completes. Each test runs its own operator in a namespace of its own."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -69,3 +70,61 @@ def test_the_finalizer_of_earlier_versions_is_taken_off_on_upgrade(
         raise AssertionError(f"{e}\n--- operator:\n{op.output()[-3000:]}") from e
     finally:
         op.stop()
+
+
+class _Running:
+    """kopf's ``stopped`` flag of a daemon that nothing stops."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def test_a_jobs_loop_ends_on_its_own_when_its_deleted_event_is_missed(
+    control_plane: ControlPlane, own_kube: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's loop runs in this process with no kopf, so no watch event ever reaches it
+    (as when the DELETED event is lost while the watch reconnects): its next pass reads the
+    job gone from the real API server, the loop ends, and the reconciler forgets the job."""
+    from strategyjob_operator import handlers
+    from strategyjob_operator.kube import Credentials, KubeApi
+    from strategyjob_operator.metrics import Registry
+    from strategyjob_operator.reconcile import OperatorSettings, Reconciler
+
+    kube = own_kube
+    uid = kube.create_job(manifest("lost", "MultiWorkerMirroredStrategy", {"worker": 1}))[
+        "metadata"
+    ]["uid"]
+    cp = control_plane
+    state = handlers._State()
+    state.settings = OperatorSettings(metrics_port=None, resync_seconds=1.0)
+    api = KubeApi(Credentials(server=cp.server, token=cp.token, ca_path=str(cp.ca_path)))
+    reconciler = state.reconciler = Reconciler(api, state.settings, registry=Registry())
+    monkeypatch.setattr(handlers, "STATE", state)
+    key = (kube.ns, "lost", uid)
+
+    async def until(what: str, predicate: Any, timeout: float = 60.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not predicate():
+            assert asyncio.get_running_loop().time() < deadline, f"timed out: {what}"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        daemon = asyncio.create_task(
+            handlers.run_job(namespace=kube.ns, name="lost", uid=uid, stopped=_Running())
+        )
+        try:
+            await asyncio.to_thread(kube.wait_pods, "lost", 1, 60)
+            # its node lost: the reconciler keeps since when the pod has been Unknown
+            await asyncio.to_thread(kube.set_phase, "lost-worker-0", "Unknown")
+            await until("the Unknown pod noted", lambda: reconciler.remembered() == {key})
+            assert not daemon.done()
+            await asyncio.to_thread(kube.delete_job, "lost")
+            await asyncio.wait_for(daemon, 60)  # the resync pass reads 404
+        finally:
+            daemon.cancel()
+            await api.close()
+
+    asyncio.run(scenario())
+    assert kube.job("lost") is None
+    assert state.daemons == {} and state.wakeups == {}
+    assert reconciler.remembered() == set()

@@ -159,10 +159,16 @@ the two identical.
   resources: [events]
   verbs: [create]
 {{- with .Values.operator.gangScheduler }}
-# The job's PodGroup for the gang scheduler ({{ . }}), created once.
+# The job's PodGroup for the gang scheduler ({{ . }}), created once; deleted while the job is
+# suspended (the scheduler reserves nothing for it) and created again on resume.
 - apiGroups: [{{ ternary "scheduling.volcano.sh" "scheduling.x-k8s.io" (eq . "volcano") }}]
   resources: [podgroups]
   verbs: [create, get, delete]
+# The namespace's ResourceQuotas, read (list only) before a gang's pods are created: all of
+# them fit, or none is created.
+- apiGroups: [""]
+  resources: [resourcequotas]
+  verbs: [list]
 {{- end }}
 {{- end -}}
 

@@ -1,6 +1,7 @@
 """StrategyJobs carry no finalizer, so deleting one never waits for the operator: kopf's
 daemon is registered as needing none, and each job's daemon ends itself when its job is
-deleted or replaced by a namesake (kopf stops daemons only for objects it finalizes)."""
+deleted or replaced by a namesake (kopf stops daemons only for objects it finalizes), also
+when the watch missed the DELETED event; the reconciler then forgets the job."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import kopf
 import pytest
 from strategyjob_operator import constants as c
 from strategyjob_operator import handlers
+from strategyjob_operator.kube import ApiError
+from strategyjob_operator.metrics import Registry
+from strategyjob_operator.reconcile import JobGone, OperatorSettings, Reconciler
+
+from tests.support.fake_api import FakeApi
 
 
 def test_no_handler_of_the_operator_puts_a_finalizer_on_jobs() -> None:
@@ -38,6 +44,8 @@ class _Reconciler:
 
     def __init__(self) -> None:
         self.passes: list[str] = []
+        self.forgotten: list[tuple[str, str, str]] = []
+        self.gone = False
         self.metrics = self
 
     def inc(self, *_: Any) -> None:
@@ -45,6 +53,11 @@ class _Reconciler:
 
     async def reconcile(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.passes.append(f"{namespace}/{name}")
+        if self.gone:
+            raise JobGone(name)
+
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        self.forgotten.append((namespace, name, uid))
 
 
 class _Never:
@@ -79,6 +92,7 @@ def test_a_jobs_daemon_ends_when_the_job_is_deleted_or_replaced_by_a_namesake(
         )
         await asyncio.wait_for(first, 10)
         assert not second.done() and state.daemons == {("ns", "j"): "u2"}
+        assert reconciler.forgotten == [("ns", "j", "u1")]  # the first job's state only
         assert ("ns", "j") in state.wakeups
         # the first job's DELETED event, late: the second daemon stays
         await handlers.job_changed(namespace="ns", name="j", uid="u1", type="DELETED")
@@ -90,5 +104,91 @@ def test_a_jobs_daemon_ends_when_the_job_is_deleted_or_replaced_by_a_namesake(
         await handlers.job_changed(namespace="ns", name="j", uid="u2", type="DELETED")
         await asyncio.wait_for(second, 10)
         assert state.daemons == {} and state.wakeups == {}
+        assert reconciler.forgotten == [("ns", "j", "u1"), ("ns", "j", "u2")]
+
+    asyncio.run(scenario())
+
+
+def test_forget_frees_the_state_of_one_job_and_no_other() -> None:
+    reconciler = Reconciler(FakeApi(None), registry=Registry())
+    for uid in ("u1", "u2"):
+        reconciler._unknown_seen[("ns", "j", uid)] = {"pod-uid": "2026-01-01T00:00:00Z"}
+    reconciler._create_backoff[("ns", "j", "u1")] = object()  # type: ignore[assignment]
+    reconciler._create_backoff[("ns", "k", "u3")] = object()  # type: ignore[assignment]
+    reconciler.forget("ns", "j", "u1")
+    assert reconciler.remembered() == {("ns", "j", "u2"), ("ns", "k", "u3")}
+    reconciler.forget("ns", "j", "u2")
+    reconciler.forget("ns", "k", "u3")
+    reconciler.forget("ns", "k", "u3")  # twice: nothing left, no error
+    assert reconciler.remembered() == set()
+
+
+def _job(uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "strategyjob.dev/v1alpha1",
+        "kind": "StrategyJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": uid, "generation": 1},
+        "spec": {
+            "strategy": "MultiWorkerMirroredStrategy",
+            "replicaSpecs": {
+                "worker": {
+                    "replicas": 2,
+                    "template": {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}},
+                }
+            },
+        },
+    }
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_pass_that_reads_the_job_gone_ends_its_daemon_without_a_deleted_event(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The watch missed the job's DELETED event: the next pass (a pod's event, a timer)
+    reads it gone (404, or a namesake's uid) and the daemon ends, its state freed."""
+    api = FakeApi(_job("u1"))
+    api.refuse = ApiError(403, "POST", "/api/v1/namespaces/ns/services", '{"message": "no"}')
+    state = handlers._State()
+    state.settings = OperatorSettings(metrics_port=None)
+    reconciler = state.reconciler = Reconciler(api, state.settings, registry=Registry())
+    monkeypatch.setattr(handlers, "STATE", state)
+
+    async def scenario() -> None:
+        daemon = asyncio.create_task(
+            handlers.run_job(namespace="ns", name="j", uid="u1", stopped=_Never())
+        )
+        # the first pass is refused: the job has a create backoff
+        await _until("a backoff", lambda: reconciler.remembered() == {("ns", "j", "u1")})
+        assert not daemon.done()
+        api.job = None if how == "deleted" else _job("u2")
+        handlers.wake("ns", "j")  # e.g. a pod's event; no DELETED event comes
+        await asyncio.wait_for(daemon, 10)
+        assert state.daemons == {} and state.wakeups == {}
+        assert reconciler.remembered() == set()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_daemon_with_nothing_due_still_reads_its_job_now_and_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A finished job's daemon has no timer and may get no event: it passes anyway every
+    ``idle_check_seconds``, so a deletion whose event was lost ends it."""
+    state = handlers._State()
+    state.settings = OperatorSettings(metrics_port=None, idle_check_seconds=0.2)
+    reconciler = _Reconciler()
+    state.reconciler = reconciler  # type: ignore[assignment]
+    monkeypatch.setattr(handlers, "STATE", state)
+
+    async def scenario() -> None:
+        daemon = asyncio.create_task(
+            handlers.run_job(namespace="ns", name="j", uid="u1", stopped=_Never())
+        )
+        await _until("a pass with nothing woken", lambda: len(reconciler.passes) >= 2)
+        reconciler.gone = True
+        await asyncio.wait_for(daemon, 10)
+        assert state.daemons == {} and reconciler.forgotten == [("ns", "j", "u1")]
 
     asyncio.run(scenario())

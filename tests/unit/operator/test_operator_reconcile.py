@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from strategyjob_operator.kube import KubeApi
 from strategyjob_operator.metrics import Registry
-from strategyjob_operator.reconcile import Reconciler, StaleChildError
+from strategyjob_operator.reconcile import JobGone, Reconciler, StaleChildError
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}
@@ -108,7 +108,8 @@ def test_a_pass_for_a_deleted_job_leaves_its_namesake_alone():
     # the loop of a job deleted and created again may still be in a pass: it must not act on
     # the new job (uid "u"), whose own loop runs
     reconciler = Reconciler(FakeApi(job_obj(), []), clock=lambda: NOW, registry=Registry())
-    assert asyncio.run(reconciler.reconcile("ns", "j", "an-earlier-uid")) is None
+    with pytest.raises(JobGone):  # its loop ends
+        asyncio.run(reconciler.reconcile("ns", "j", "an-earlier-uid"))
     assert reconciler.api.calls == []
     asyncio.run(reconciler.reconcile("ns", "j", "u"))
     assert ("create", "Pod", "j-worker-0") in reconciler.api.calls
