@@ -37,7 +37,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests.support: shared test and benchmark tooling
+
+from tests.support.ports import free_ports  # noqa: E402
+
 SDK = HERE.parent / "sdk"
 TF_RECORDED_STEPS_PER_S = 102.3  # tf-baseline.md, benchmark c1 (median of 3)
 
@@ -73,16 +76,6 @@ def _args() -> argparse.Namespace:
         help="with --tensorflow: alternate ours (--repeats windows) and TF this many times",
     )
     return p.parse_args()
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class _Servers:
@@ -148,7 +141,7 @@ def run_strategyjob(args: argparse.Namespace, between: Any = None) -> dict:
     from torch import nn
 
     torch.set_num_threads(1)
-    ports = _free_ports(1 + args.workers + args.ps)
+    ports = free_ports(1 + args.workers + args.ps)
     addr = [f"127.0.0.1:{p}" for p in ports]
     cluster = {
         "chief": addr[:1],

@@ -18,14 +18,14 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.support.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "helm" / "strategyjob-operator"
@@ -40,18 +40,6 @@ ENV_RELEASE = "STRATEGYJOB_E2E_RELEASE"
 ENV_HELM_ARGS = "STRATEGYJOB_E2E_HELM_ARGS"
 #: The image of the jobs' pods (default: the examples' own).
 ENV_WORKER_IMAGE = "STRATEGYJOB_E2E_WORKER_IMAGE"
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.2):
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 @dataclass

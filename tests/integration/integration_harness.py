@@ -7,26 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from tests.support.control_plane import REPO_ROOT, ControlPlane, free_port
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 30.0, interval=0.1) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+from tests.support.waiting import wait_for
 
 
 class OperatorProcess:

@@ -3,15 +3,15 @@ session and a fresh namespace per test, with helpers that create and watch plain
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from node_agent.harness import LocalCluster, skip_reason
+from tests.support.waiting import wait_for
 
 _HERE = Path(__file__).parent
 
@@ -20,17 +20,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
-
-
-def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture(scope="package")

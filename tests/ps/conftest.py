@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from tests.support.ports import free_ports
 
 SDK = str(Path(__file__).resolve().parents[2] / "sdk")
 
@@ -32,17 +33,6 @@ def _job_token():
     os.environ["STRATEGYJOB_TOKEN"] = secrets.token_urlsafe(16)
     yield
     os.environ.pop("STRATEGYJOB_TOKEN", None)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class LocalCluster:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -18,6 +17,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build-control-plane.sh"
@@ -48,12 +49,6 @@ def find_binaries(build: bool = True) -> tuple[Path | None, str]:
         tail = proc.stderr.strip().splitlines()[-5:]
         return None, f"{BUILD_SCRIPT} failed (rc={proc.returncode}): " + " | ".join(tail)
     return Path(proc.stdout.strip().splitlines()[-1]), ""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ControlPlane:

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.ports import free_port
+
 WORKER = Path(__file__).with_name("mwms_input_worker.py")
 SDK = Path(__file__).resolve().parents[3] / "sdk"
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_two_workers(*args: str) -> list[subprocess.Popen]:
