@@ -1,5 +1,6 @@
-"""The children a StrategyJob should have: one headless Service and one Pod per replica,
-and the job's own security objects: a ServiceAccount whose Role allows only ``get`` and
+"""The children a StrategyJob should have: one headless Service, one ConfigMap with the
+cluster part of TF_CONFIG that every pod reads, and one Pod per replica, and the job's own
+security objects: a ServiceAccount whose Role allows only ``get`` and
 ``patch`` on the leader's pod (where ``strategyjob.report`` publishes progress), a Secret
 with the job's token (``STRATEGYJOB_TOKEN``) and a NetworkPolicy that admits traffic only
 from the job's own pods; with a gang scheduler, its PodGroup (:mod:`.gang`). Pods get a
@@ -70,6 +71,27 @@ def _meta(job: jobspec.StrategyJob, name: str, owner: Mapping[str, Any]) -> dict
         "namespace": job.namespace,
         "labels": {c.LABEL_JOB_NAME: job.name},
         "ownerReferences": [dict(owner)],
+    }
+
+
+def cluster_config_map_name(job: jobspec.StrategyJob) -> str:
+    """``<job>-strategyjob-cluster``: the ConfigMap every pod of the job reads its cluster from."""
+    return jobspec.cluster_config_map_name(job.name)
+
+
+def build_cluster_config_map(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The cluster part of TF_CONFIG (:func:`strategyjob.jobspec.cluster_spec`), stored once
+    for the whole job: each pod reads it into ``STRATEGYJOB_CLUSTER_SPEC`` and its TF_CONFIG
+    refers to that (:func:`build_pod`), so a job's pod specs grow with its size, not its
+    square. Immutable (the kubelets need not watch it): a job's cluster never changes, as
+    its name, namespace, port and replicas cannot (the CRD's rules)."""
+    cluster = jobspec.cluster_spec(jobspec.cluster_for_kubernetes(job))
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, cluster_config_map_name(job), owner),
+        "immutable": True,
+        "data": {jobspec.CLUSTER_SPEC_KEY: cluster},
     }
 
 
@@ -187,14 +209,16 @@ def pod_labels(job: jobspec.StrategyJob, replica_type: str, index: int) -> dict[
     return labels
 
 
-def _with_env(container: dict[str, Any], env: Mapping[str, str]) -> None:
-    """Set the injected variables, replacing any the template sets under the same names.
+def _with_env(container: dict[str, Any], env: list[dict[str, Any]]) -> None:
+    """Set the injected variables (pod spec ``env`` entries), replacing any the template
+    sets under the same names.
 
     They come first: Kubernetes expands ``$(VAR)`` only from variables listed earlier, so
     template values such as ``/ckpt/$(STRATEGYJOB_JOB_NAME)`` can use them (as they can
     under ``strategyjob run``)."""
-    kept = [e for e in container.get("env") or [] if e.get("name") not in env]
-    container["env"] = [{"name": k, "value": v} for k, v in env.items()] + kept
+    names = {e["name"] for e in env}
+    kept = [e for e in container.get("env") or [] if e.get("name") not in names]
+    container["env"] = [*env, *kept]
 
 
 def _with_token(container: dict[str, Any], secret_name: str, position: int) -> None:
@@ -304,7 +328,8 @@ def build_pod(
 ) -> dict[str, Any]:
     """The pod of replica ``(replica_type, index)``, from its template plus what the
     operator owns: name, hostname/subdomain, labels (the job's name and uid, the restart
-    attempt), owner reference, env and port; and the restricted ``securityContext``
+    attempt), owner reference, env (the cluster by reference to the job's ConfigMap,
+    :func:`build_cluster_config_map`) and port; and the restricted ``securityContext``
     defaults wherever the template leaves a field unset (:func:`_with_security_defaults`).
 
     ``restartPolicy`` is always ``Never``: the operator, not the kubelet, restarts
@@ -328,7 +353,9 @@ def build_pod(
 
     # edited in place: the container's own dict inside pod_spec (a deep copy of the template)
     container = pod_spec["containers"][jobspec.training_container_index({"spec": pod_spec})]
-    env = jobspec.replica_env(job, replica_type, index, cluster, restart_attempt)
+    env = jobspec.replica_env_by_reference(
+        job, replica_type, index, cluster, restart_attempt, config_map=cluster_config_map_name(job)
+    )
     _with_env(container, env)
     _with_token(container, token_secret_name(job, owner), len(env))
     _with_port(container, job.port)
@@ -363,9 +390,9 @@ def iter_missing_pods(
 ) -> Iterator[dict[str, Any]]:
     """The pods to create for ``replicas`` (those the decision found missing), built one at a
     time as the caller asks for them, members of the job's PodGroup when a gang ``scheduler``
-    is configured. Each pod's TF_CONFIG lists the whole cluster, so the pods of a job grow
-    with the square of its size: the reconciler creates each as it is built and drops it,
-    and never holds them all."""
+    is configured. Each pod is small (its TF_CONFIG refers to the job's ConfigMap for the
+    cluster), but a job has up to 1000: the reconciler creates each as it is built and drops
+    it, and never holds them all."""
     cluster = jobspec.cluster_for_kubernetes(job)
     for replica_type, index in replicas:
         pod = build_pod(job, replica_type, index, owner, cluster, restart_attempt)

@@ -197,7 +197,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         c.LABEL_JOB_NAME
     )
     # kopf lists what exists before it watches: a page at a time, so that an operator started
-    # beside a large job (1000 pods of up to 128 KiB of TF_CONFIG each) never holds them all.
+    # beside large jobs (up to 1000 pods each) never holds them all.
     settings.watching.chunk_size = LIST_PAGE_SIZE
     port = STATE.settings.metrics_port
     if port is not None and STATE.metrics_server is None:

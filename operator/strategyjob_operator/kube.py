@@ -397,15 +397,14 @@ class KubeApi:
         await self.request("POST", self.core_path(ns, "events"), body=event)
 
 
-#: Objects per page of :meth:`KubeApi.list` (a job's pods: 100 pods of the largest job hold
-#: about 13 MB of TF_CONFIG).
+#: Objects per page of :meth:`KubeApi.list`.
 LIST_PAGE_SIZE = 100
 
 
 def without_env(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` without its (init) containers' ``env``, when it is a pod. The operator
-    decides from a pod's metadata and status and never reads its env back, and a large
-    job's pods each carry a TF_CONFIG that lists the whole cluster (up to 128 KiB)."""
+    decides from a pod's metadata and status and never reads its env back (a template's
+    own env may be large; the cluster part of TF_CONFIG is in the job's ConfigMap)."""
     spec = obj.get("spec")
     if isinstance(spec, dict):
         for key in ("initContainers", "containers"):

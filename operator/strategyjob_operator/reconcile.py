@@ -396,9 +396,8 @@ class Reconciler:
         status: Mapping[str, Any],
     ) -> PodCreation:
         """Create the pods of ``replicas`` as a stream: at most ``max_in_flight`` requests at
-        once, each pod built just before its request and dropped after it. Every pod's
-        TF_CONFIG lists the whole cluster, so a list of a large job's pods would hold the
-        square of its size (1000 replicas: about 130 MB) before the first was created."""
+        once, each pod built just before its request and dropped after it, so that creating
+        a job of 1000 pods holds ``max_in_flight`` of them at a time, never all."""
         owner = children.owner_reference(job_obj)
         pods = children.iter_missing_pods(
             job,
@@ -451,11 +450,11 @@ class Reconciler:
     async def _ensure_job_objects(
         self, job: jobspec.StrategyJob, job_obj: dict[str, Any]
     ) -> list[str]:
-        """The job's headless Service, its security objects (ServiceAccount, Role,
-        RoleBinding, token Secret, NetworkPolicy) and its PodGroup, before its pods: all
-        owned by the job, created once (an existing one of this job answers 409 and is kept,
-        so the token stays). Returns what blocks the job: objects with its names that it
-        does not control."""
+        """The job's headless Service, the ConfigMap its pods read the cluster from, its
+        security objects (ServiceAccount, Role, RoleBinding, token Secret, NetworkPolicy) and
+        its PodGroup, before its pods: all owned by the job, created once (an existing one of
+        this job answers 409 and is kept, so the token stays). Returns what blocks the job:
+        objects with its names that it does not control."""
         api, ns = self.api, job.namespace
         owner = children.owner_reference(job_obj)
         rbac, net = "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"
@@ -465,6 +464,7 @@ class Reconciler:
             (api.core_path(ns, "serviceaccounts"), children.build_service_account(job, owner)),
             (api.core_path(ns, "secrets"), children.build_token_secret(job, owner, token)),
             (api.group_path(net, ns, "networkpolicies"), children.build_network_policy(job, owner)),
+            (api.core_path(ns, "configmaps"), children.build_cluster_config_map(job, owner)),
         ]
         uid = job_obj["metadata"]["uid"]
         calls: list[Callable[[], Awaitable[object]]] = [

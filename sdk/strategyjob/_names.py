@@ -47,6 +47,9 @@ ENV_POD_NAME = "STRATEGYJOB_POD_NAME"
 ENV_RESTART_ATTEMPT = "STRATEGYJOB_RESTART_ATTEMPT"
 #: The job's shared secret, checked by the parameter-server gRPC servers.
 ENV_TOKEN = "STRATEGYJOB_TOKEN"
+#: On Kubernetes: the cluster part of TF_CONFIG, read from the job's ConfigMap; TF_CONFIG's
+#: value in the pod spec refers to it as ``$(STRATEGYJOB_CLUSTER_SPEC)``.
+ENV_CLUSTER_SPEC = "STRATEGYJOB_CLUSTER_SPEC"
 #: Under ``strategyjob run``: the file the leader's ``strategyjob.report`` appends to.
 ENV_PROGRESS_FILE = "STRATEGYJOB_PROGRESS_FILE"
 #: Seconds between two progress writes of ``strategyjob.report``.

@@ -147,6 +147,9 @@ CALLS: list[Call] = [
     *_job_object_calls("", "services", "the job's headless Service"),
     *_job_object_calls("", "serviceaccounts", "the job's ServiceAccount"),
     *_job_object_calls(
+        "", "configmaps", "the job's <job>-strategyjob-cluster, the cluster its pods read"
+    ),
+    *_job_object_calls(
         "",
         "secrets",
         "the job's token Secret <job>-<uid>-strategyjob-token (metadata only, never its data)",

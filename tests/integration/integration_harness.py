@@ -126,6 +126,47 @@ class Kube:
         ).items
         return {p.metadata.name: p for p in items}
 
+    def raw_pods(self, job: str) -> list[tuple[dict[str, Any], int]]:
+        """The job's pods as the API server serves them (JSON), each with its size in bytes."""
+        import json
+
+        response = self.core.list_namespaced_pod(
+            self.ns, label_selector=f"strategyjob.dev/job-name={job}", _preload_content=False
+        )
+        try:
+            items = json.loads(response.data)["items"]
+        finally:
+            response.release_conn()
+        return [(pod, len(json.dumps(pod, separators=(",", ":")))) for pod in items]
+
+    def container_env(self, pod: dict[str, Any], container: int = 0) -> dict[str, str]:
+        """The environment a kubelet gives the pod's container (the node agent's code:
+        ``valueFrom`` ConfigMap and Secret keys read from the API server, ``$(VAR)``
+        expanded), without the image's own variables. ``pod``: as :meth:`raw_pods` gives."""
+        import base64
+
+        from kubernetes.client.exceptions import ApiException
+
+        from tests.node_agent.runtime import ImageConfig, container_env
+
+        def lookup(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+            read = {
+                "configmap": self.core.read_namespaced_config_map,
+                "secret": self.core.read_namespaced_secret,
+            }[kind]
+            try:
+                obj = read(name, namespace)
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+            if kind == "secret":
+                return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+            return dict(obj.data or {})
+
+        spec = pod["spec"]["containers"][container]
+        return container_env(pod, spec, ImageConfig(env={}, workdir="/"), {}, lookup, {})
+
     def wait_pods(self, job: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
         def ready():
             pods = {n: p for n, p in self.pods(job).items() if not p.metadata.deletion_timestamp}

@@ -135,7 +135,68 @@ def _reconcile_passes(op: OperatorProcess) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-@pytest.mark.slow  # about 2 minutes: 1000 pods of 126 KiB each, two operators
+@pytest.mark.timeout(400)
+def test_a_jobs_cluster_is_stored_once_and_every_pod_refers_to_it(kube, operator):
+    """A job of 200 replicas: one ConfigMap holds the cluster part of TF_CONFIG, every pod's
+    env refers to it, and, expanded as a kubelet does, gives each pod exactly the TF_CONFIG
+    of jobspec.tf_config. The job's pod objects are measured against what they were when
+    each pod carried the whole TF_CONFIG: their size grows with N, not N²."""
+    total = 200
+    counts = {"chief": 1, "worker": 188, "ps": 10, "evaluator": 1}
+    obj = manifest("size", "ParameterServerStrategy", counts)
+    kube.create_job(obj)
+    job = jobspec.load_manifest({**obj, "metadata": {"name": "size", "namespace": kube.ns}})
+    assert job.total_replicas == total
+    wait_for(f"{total} pods", lambda: len(kube.raw_pods("size")) >= total, timeout=300, interval=1)
+    cluster = jobspec.cluster_for_kubernetes(job)
+
+    config_map = kube.core.read_namespaced_config_map("size-strategyjob-cluster", kube.ns)
+    assert config_map.data == {"cluster": jobspec.cluster_spec(cluster)}
+    assert config_map.immutable is True
+    config_map_bytes = len(config_map.data["cluster"])
+
+    pods = kube.raw_pods("size")
+    assert len(pods) == total
+    new_bytes = old_bytes = 0
+    sizes, env_sizes = [], []
+    for pod, size in pods:
+        labels = pod["metadata"]["labels"]
+        replica_type = labels["strategyjob.dev/replica-type"]
+        index = int(labels["strategyjob.dev/replica-index"])
+        entries = pod["spec"]["containers"][0]["env"]
+        assert entries[0] == {
+            "name": "STRATEGYJOB_CLUSTER_SPEC",
+            "valueFrom": {
+                "configMapKeyRef": {"name": "size-strategyjob-cluster", "key": "cluster"}
+            },
+        }
+        (reference,) = [e["value"] for e in entries if e["name"] == "TF_CONFIG"]
+        assert "$(STRATEGYJOB_CLUSTER_SPEC)" in reference
+        full = jobspec.tf_config(cluster, replica_type, index)
+        if index < 3 or replica_type in ("chief", "evaluator"):  # the kubelet's view
+            assert kube.container_env(pod)["TF_CONFIG"] == full
+        env_sizes.append(len(json.dumps(entries, separators=(",", ":"))))
+        sizes.append(size)
+        new_bytes += size
+        # the same pod with the whole TF_CONFIG in it, as before, and without the reference
+        old_entries = [{"name": "TF_CONFIG", "value": full}, *entries[2:]]
+        old_size = size - len(json.dumps(entries[:2], separators=(",", ":")))
+        old_size += len(json.dumps(old_entries[:1], separators=(",", ":")))
+        old_bytes += old_size
+    # O(1) per pod: envs differ only by the replica type's name, its index, and RANK and
+    # WORLD_SIZE (chief and workers only), never by the job's size
+    assert max(env_sizes) - min(env_sizes) <= 128, (min(env_sizes), max(env_sizes))
+    assert max(env_sizes) < 1500, max(env_sizes)
+    print(
+        f"{total} pods: {new_bytes / 2**20:.2f} MiB of pod objects (each {min(sizes):,} to "
+        f"{max(sizes):,} B, env at most {max(env_sizes):,} B) + {config_map_bytes:,} B of "
+        f"ConfigMap, against {old_bytes / 2**20:.2f} MiB with the whole TF_CONFIG in every "
+        f"pod: {old_bytes / (new_bytes + config_map_bytes):.1f}x less"
+    )
+    assert new_bytes + config_map_bytes < old_bytes / 2
+
+
+@pytest.mark.slow  # about 2 minutes: 1000 pods, two operators
 @pytest.mark.timeout(600)
 def test_the_operator_creates_the_largest_job_within_the_charts_memory_limit(control_plane):
     """The largest job the CRD admits, with the longest names (job name, 63-character
@@ -179,10 +240,10 @@ def test_the_operator_creates_the_largest_job_within_the_charts_memory_limit(con
         kube.patch_job(name, {"metadata": {"annotations": {"touch": "1"}}})
         wait_for("one more pass", lambda: _reconcile_passes(op) > before, timeout=120)
 
-        pod = kube.core.read_namespaced_pod(f"{name}-worker-{total - 2}", ns)
-        (container,) = pod.spec.containers
-        values = {e.name: e.value for e in container.env}
-        assert values["TF_CONFIG"] == env["TF_CONFIG"]  # exact, as user code reads it
+        worker = f"{name}-worker-{total - 2}"
+        (pod,) = [p for p, _ in kube.raw_pods(name) if p["metadata"]["name"] == worker]
+        # exact, as user code reads it: the cluster from the job's ConfigMap, expanded
+        assert kube.container_env(pod)["TF_CONFIG"] == env["TF_CONFIG"]
 
         peak, limit = peak_rss(op.proc.pid), chart_memory_limit()
         print(

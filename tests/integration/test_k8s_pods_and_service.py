@@ -41,6 +41,11 @@ def test_each_strategy_gets_its_pods_service_and_environment(kube, operator, str
         t: [f"train-{t}-{i}.train.{ns}.svc:2222" for i in range(n)] for t, n in replicas.items()
     }
     leader = ("chief", 0) if "chief" in replicas else ("worker", 0)
+    config_map = kube.core.read_namespaced_config_map("train-strategyjob-cluster", ns)
+    assert config_map.immutable is True
+    assert config_map.metadata.owner_references[0].uid == uid
+    assert config_map.metadata.labels == {"strategyjob.dev/job-name": "train"}
+    raw_pods = kube.raw_pods("train")
     for t, n in replicas.items():
         for i in range(n):
             pod = pods[f"train-{t}-{i}"]
@@ -60,12 +65,15 @@ def test_each_strategy_gets_its_pods_service_and_environment(kube, operator, str
                 True,
             )
             container = pod.spec.containers[0]
-            env = {e.name: e.value for e in container.env}
+            # the cluster from the job's ConfigMap, TF_CONFIG as the kubelet expands it
+            (raw,) = [p for p, _ in raw_pods if p["metadata"]["name"] == f"train-{t}-{i}"]
+            env = kube.container_env(raw)
             tf_config = json.loads(env["TF_CONFIG"])
             assert tf_config == {
                 "cluster": {k: v for k, v in cluster.items() if k != "evaluator"},
                 "task": {"type": t, "index": i},
             }
+            assert env["STRATEGYJOB_CLUSTER_SPEC"] == config_map.data["cluster"]
             assert env["MASTER_ADDR"] == f"train-{leader[0]}-0.train.{ns}.svc"
             assert env["MASTER_PORT"] == "2222"
             assert env["STRATEGYJOB_STRATEGY"] == strategy
@@ -97,4 +105,5 @@ def test_env_goes_to_the_container_named_strategyjob(kube, operator):
     assert [e.name for e in proxy.env] == ["KEEP"]
     env = {e.name: e.value for e in trainer.env}
     assert env["RANK"] == "0"  # the injected value wins over the template's
-    assert "TF_CONFIG" in env
+    (raw,) = [p for p, _ in kube.raw_pods("sidecar")]
+    assert json.loads(kube.container_env(raw, 1)["TF_CONFIG"])["task"]["type"] == "worker"

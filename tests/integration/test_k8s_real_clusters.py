@@ -317,14 +317,14 @@ def test_an_orphaned_pod_holding_a_replicas_name_is_reported_until_it_goes(
         "the ReplicaFailure condition", lambda: _condition(kube, "orphan", REPLICA_FAILURE)
     )
     assert first["status"] == "True" and first["reason"] == NOT_CONTROLLED
-    # Service, ServiceAccount, Role, RoleBinding, NetworkPolicy: the token Secret's name holds
-    # the job's uid, so the new job's never meets the old one's.
-    assert first["message"].startswith("5 objects have names StrategyJob orphan needs"), first
+    # Service, ServiceAccount, Role, RoleBinding, NetworkPolicy, the cluster ConfigMap: the
+    # token Secret's name holds the job's uid, so the new job's never meets the old one's.
+    assert first["message"].startswith("6 objects have names StrategyJob orphan needs"), first
     assert f"Service {ns}/orphan (no controller)" in first["message"]
     assert "--cascade=orphan" in first["message"] and label in first["message"]
     kube.wait_events("orphan", NOT_CONTROLLED)
     assert set(kube.pods("orphan")) == {"orphan-worker-0", "orphan-worker-1"}  # the old ones
-    objects = "services,serviceaccounts,roles,rolebindings,secrets,networkpolicies"
+    objects = "services,serviceaccounts,roles,rolebindings,secrets,networkpolicies,configmaps"
     cluster.cp.kubectl("delete", objects, "-n", ns, "-l", label, "--wait=true")
 
     # Then the orphaned pods: the job creates its own objects, and names the pods.

@@ -15,7 +15,6 @@ with a deadline, so the module costs the slowest job's time, not the sum.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -482,7 +481,9 @@ def test_f_a_jobs_pods_reach_each_other_but_not_another_jobs_pods(
     a1 = _running_pod(cluster, "iso-a-worker-1")
     b0 = _running_pod(cluster, "iso-b-worker-0")
     env = {e["name"]: e.get("value") for e in a0["spec"]["containers"][0]["env"]}
-    port = int(json.loads(env["TF_CONFIG"])["cluster"]["worker"][1].rsplit(":", 1)[1])
+    # the pod spec's TF_CONFIG refers to the job's ConfigMap for the cluster; every replica
+    # listens on the job's port
+    port = int(env["MASTER_PORT"])
     a1_dns = f"iso-a-worker-1.iso-a.{NS}.svc"
     poll(
         "iso-a-worker-0 reaching its peer iso-a-worker-1 (by its TF_CONFIG name)",

@@ -134,9 +134,10 @@ the two identical.
 # The job's objects below are created once; on 409 the operator reads the existing one's
 # metadata (get as PartialObjectMetadata) and deletes it if an earlier job of the same name
 # left it there, before the garbage collector got to it.
-# The job's headless Service and ServiceAccount.
+# The job's headless Service and ServiceAccount, and the ConfigMap <job>-strategyjob-cluster
+# with the cluster part of TF_CONFIG that every pod of the job reads (the pod specs refer to it).
 - apiGroups: [""]
-  resources: [services, serviceaccounts]
+  resources: [services, serviceaccounts, configmaps]
   verbs: [create, get, delete]
 # The job's token Secret, <job>-<uid>-strategyjob-token: created once; on 409 the operator reads
 # its metadata only (PartialObjectMetadata, never its data) to check that this job owns it. The

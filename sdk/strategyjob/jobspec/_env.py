@@ -45,6 +45,14 @@ SERVICE_ACCOUNT_SUFFIX = "-strategyjob-sa"
 #: Under ``strategyjob run``: the file the leader's ``strategyjob.report`` appends to.
 ENV_PROGRESS_FILE = _names.ENV_PROGRESS_FILE
 
+#: On Kubernetes, the cluster part of TF_CONFIG (:func:`cluster_spec`) is stored once per job,
+#: in its ConfigMap :func:`cluster_config_map_name` under :data:`CLUSTER_SPEC_KEY`; each pod
+#: reads it into :data:`ENV_CLUSTER_SPEC` and its TF_CONFIG refers to that variable
+#: (:func:`replica_env_by_reference`), so a job's pod specs grow with its size, not its square.
+ENV_CLUSTER_SPEC = _names.ENV_CLUSTER_SPEC
+CLUSTER_SPEC_KEY = "cluster"
+CLUSTER_CONFIG_MAP_SUFFIX = "-strategyjob-cluster"
+
 #: Replica types that take part in training collectives and get a torch rank.
 TRAINING_REPLICA_TYPES = ("chief", "worker")
 
@@ -124,13 +132,41 @@ def cluster_for_kubernetes(job: StrategyJob) -> dict[str, list[str]]:
     }
 
 
+def cluster_config_map_name(job_name: str) -> str:
+    """The ConfigMap holding job ``job_name``'s :func:`cluster_spec` (the operator's)."""
+    return f"{job_name}{CLUSTER_CONFIG_MAP_SUFFIX}"
+
+
+def _compact_json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def cluster_spec(cluster: Mapping[str, list[str]]) -> str:
+    """The cluster part of TF_CONFIG, the same for every replica of a job: the exact JSON
+    that :func:`tf_config` puts after ``"cluster":`` (the training cluster; the evaluator is
+    left out: it evaluates on its own, and a listed evaluator that never serves would hang a
+    parameter-server coordinator)."""
+    return _compact_json({t: list(a) for t, a in cluster.items() if t != "evaluator" and a})
+
+
+def _around_cluster_spec(replica_type: str, index: int) -> tuple[str, str]:
+    """What TF_CONFIG has before and after its :func:`cluster_spec`: with sorted keys,
+    ``"cluster"`` comes first and ``"task"`` after it."""
+    task = _compact_json({"type": replica_type, "index": index})
+    return '{"cluster":', f',"task":{task}}}'
+
+
 def tf_config(cluster: Mapping[str, list[str]], replica_type: str, index: int) -> str:
-    """TF_CONFIG exactly as TensorFlow reads it: compact JSON, sorted keys, the
-    training cluster (the evaluator is left out: it evaluates on its own, and a
-    listed evaluator that never serves would hang a parameter-server coordinator)."""
-    training_cluster = {t: list(a) for t, a in cluster.items() if t != "evaluator" and a}
-    config = {"cluster": training_cluster, "task": {"type": replica_type, "index": index}}
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+    """TF_CONFIG exactly as TensorFlow reads it: compact JSON, sorted keys, the training
+    cluster (:func:`cluster_spec`) and the task."""
+    before, after = _around_cluster_spec(replica_type, index)
+    return before + cluster_spec(cluster) + after
+
+
+def kubernetes_literal(value: str) -> str:
+    """``value`` as an env ``value`` of a pod spec that Kubernetes gives the container
+    unchanged: it expands ``$(VAR)`` and turns ``$$`` into ``$``, so each ``$`` is doubled."""
+    return value.replace("$", "$$")
 
 
 def replica_env(
@@ -140,12 +176,66 @@ def replica_env(
     cluster: Mapping[str, list[str]],
     restart_attempt: int = 0,
 ) -> dict[str, str]:
-    """The whole environment injected into replica ``(replica_type, index)``.
+    """The whole environment injected into replica ``(replica_type, index)``, as its
+    process sees it (``strategyjob run`` sets exactly this).
 
     ``cluster`` maps each replica type to its addresses (``host:port``), as
     :func:`cluster_for_kubernetes` gives them or as the launcher allocates them;
     ``restart_attempt`` is the job's restarts so far (:data:`ENV_RESTART_ATTEMPT`).
     """
+    return _replica_env(
+        job,
+        replica_type,
+        index,
+        cluster,
+        restart_attempt,
+        tf_config(cluster, replica_type, index),
+    )
+
+
+def replica_env_by_reference(
+    job: StrategyJob,
+    replica_type: str,
+    index: int,
+    cluster: Mapping[str, list[str]],
+    restart_attempt: int = 0,
+    *,
+    config_map: str,
+) -> list[dict[str, Any]]:
+    """:func:`replica_env` as the ``env`` entries of a pod spec, with the cluster stored once
+    per job instead of in every pod (each pod's TF_CONFIG lists the whole cluster, so the
+    pod specs of a job would grow with the square of its size).
+
+    First :data:`ENV_CLUSTER_SPEC` from ConfigMap ``config_map`` (key
+    :data:`CLUSTER_SPEC_KEY`, holding :func:`cluster_spec`), then the variables of
+    :func:`replica_env` in its order, TF_CONFIG's value being the JSON around the cluster
+    with ``$(STRATEGYJOB_CLUSTER_SPEC)`` in its place. Kubernetes expands a ``$(VAR)``
+    defined earlier in the list, so the container gets TF_CONFIG byte for byte as
+    :func:`tf_config` makes it. Every other character is written with
+    :func:`kubernetes_literal` (no value has a ``$`` today; one added later stays as it is).
+    """
+    before, after = _around_cluster_spec(replica_type, index)
+    reference = f"{kubernetes_literal(before)}$({ENV_CLUSTER_SPEC}){kubernetes_literal(after)}"
+    env = _replica_env(job, replica_type, index, cluster, restart_attempt, reference)
+    source = {"configMapKeyRef": {"name": config_map, "key": CLUSTER_SPEC_KEY}}
+    return [
+        {"name": ENV_CLUSTER_SPEC, "valueFrom": source},
+        *(
+            {"name": k, "value": v if k == ENV_TF_CONFIG else kubernetes_literal(v)}
+            for k, v in env.items()
+        ),
+    ]
+
+
+def _replica_env(
+    job: StrategyJob,
+    replica_type: str,
+    index: int,
+    cluster: Mapping[str, list[str]],
+    restart_attempt: int,
+    tf_config_value: str,
+) -> dict[str, str]:
+    """The environment of :func:`replica_env`, with ``tf_config_value`` as TF_CONFIG."""
     count = job.num_replicas(replica_type)
     if replica_type not in REPLICA_TYPES or not 0 <= index < count:
         raise ValueError(
@@ -159,7 +249,7 @@ def replica_env(
     leader_type, leader_index = leader(job)
     master_host, _, master_port = cluster[leader_type][leader_index].rpartition(":")
     env = {
-        ENV_TF_CONFIG: tf_config(cluster, replica_type, index),
+        ENV_TF_CONFIG: tf_config_value,
         ENV_MASTER_ADDR: master_host,
         ENV_MASTER_PORT: master_port,
         ENV_JOB_NAME: job.name,

@@ -64,13 +64,15 @@ DEFAULT_CLEAN_POD_POLICY = "Running"
 #: Longest Kubernetes pod name / DNS label.
 MAX_NAME_LENGTH = 63
 #: Most replicas of a job, all types together (a CEL rule of the CRD). Every replica's
-#: ``TF_CONFIG`` lists the whole cluster, so its size grows with the job and the pod specs
-#: of a job with its square; the kernel refuses to start a program with an environment
-#: string over :data:`MAX_ENV_STRING_BYTES`. 1000 keeps ``TF_CONFIG`` under it for names
-#: of up to :func:`max_name_length` characters (20 at 1000 replicas; every name the pod-name
-#: rule admits, 54 characters, up to 664), and a job's pod specs under 1000 x 128 KiB =
-#: 125 MiB of etcd; the operator creating its pods stays far under its memory limit
-#: (tests/integration/test_k8s_job_size.py, bench/bench_job_size.py).
+#: ``TF_CONFIG`` lists the whole cluster, so its size grows with the job; the kernel refuses
+#: to start a program with an environment string over :data:`MAX_ENV_STRING_BYTES`. 1000
+#: keeps ``TF_CONFIG`` under it for names of up to :func:`max_name_length` characters (20 at
+#: 1000 replicas; every name the pod-name rule admits, 54 characters, up to 664). The limit
+#: is on the string inside the container: a pod spec holds only the task part of TF_CONFIG
+#: and refers to the cluster, stored once per job in a ConfigMap
+#: (:func:`strategyjob.jobspec.replica_env_by_reference`), so a job's objects in etcd grow
+#: with its size, not its square: at 1000 replicas, about 1 KiB of env per pod and one
+#: ConfigMap under 128 KiB (tests/integration/test_k8s_job_size.py, bench/bench_job_size.py).
 MAX_TOTAL_REPLICAS = 1000
 #: Most replicas of one type (the CRD's ``replicas.maximum``): the job's limit.
 MAX_REPLICAS = MAX_TOTAL_REPLICAS
@@ -104,10 +106,11 @@ TRAINING_CONTAINER_NAME = "strategyjob"
 
 
 def tf_config_bound(total_replicas: int, name_length: int) -> int:
-    """An upper bound on the bytes of every environment string the operator injects into a
-    replica (``TF_CONFIG``, the longest) for a job of ``total_replicas`` named with
-    ``name_length`` characters, in any namespace, on any port, with at most
-    :data:`MAX_TOTAL_REPLICAS` replicas: the rule the CRD and the loader both apply."""
+    """An upper bound on the bytes of every environment string a replica's process gets
+    (``TF_CONFIG`` as expanded in the container, the longest; the pod spec itself holds far
+    less) for a job of ``total_replicas`` named with ``name_length`` characters, in any
+    namespace, on any port, with at most :data:`MAX_TOTAL_REPLICAS` replicas: the rule the
+    CRD and the loader both apply."""
     per_replica = 2 * name_length + TF_CONFIG_BYTES_PER_REPLICA
     return TF_CONFIG_FIXED_BYTES + total_replicas * per_replica
 

@@ -1,5 +1,6 @@
 """The largest job the loader (and the CRD, with the same rules) admits starts: every
-environment string ``replica_env`` injects, ``TF_CONFIG`` above all, stays within the
+environment string ``replica_env`` injects, ``TF_CONFIG`` above all (expanded: the pod spec
+refers to the job's ConfigMap for the cluster), stays within the
 kernel's limit per string (``MAX_ARG_STRLEN``, 128 KiB) for the worst names admitted, in
 the longest namespace, on the longest port; and one more replica, or one more character of
 name, is refused with one line naming the limit and why."""
@@ -66,9 +67,11 @@ def _longest_admitted_name(strategy: str, counts: dict[str, int]) -> str:
 
 
 def _env_strings(job: jobspec.StrategyJob, replica_type: str, index: int) -> list[bytes]:
-    """What ``execve`` receives: ``NAME=value`` and its NUL, per injected variable."""
+    """What ``execve`` receives: ``NAME=value`` and its NUL, per injected variable (on
+    Kubernetes also the cluster part of TF_CONFIG, read from the job's ConfigMap)."""
     cluster = jobspec.cluster_for_kubernetes(job)
     env = jobspec.replica_env(job, replica_type, index, cluster, restart_attempt=2**31 - 1)
+    env[jobspec.ENV_CLUSTER_SPEC] = jobspec.cluster_spec(cluster)
     return [f"{k}={v}".encode() + b"\0" for k, v in env.items()]
 
 

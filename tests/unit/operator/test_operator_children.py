@@ -68,11 +68,18 @@ def test_pod_is_named_addressed_labelled_and_owned():
         }
     ]
     entries = pod["spec"]["containers"][0]["env"]
+    cluster = jobspec.cluster_for_kubernetes(j)
+    injected = jobspec.replica_env_by_reference(
+        j, "worker", 1, cluster, 2, config_map="mnist-strategyjob-cluster"
+    )
+    # the injected variables first (the cluster from the job's ConfigMap), then the token,
+    # then the template's own
+    assert entries[: len(injected)] == injected
+    assert entries[len(injected) + 1 :] == [{"name": "A", "value": "1"}]
     env = {e["name"]: e["value"] for e in entries if "value" in e}
-    assert env == {
-        "A": "1",
-        **jobspec.replica_env(j, "worker", 1, jobspec.cluster_for_kubernetes(j), 2),
-    }
+    assert env["TF_CONFIG"] == (
+        '{"cluster":$(STRATEGYJOB_CLUSTER_SPEC),"task":{"index":1,"type":"worker"}}'
+    )
     token = [e for e in entries if e["name"] == "STRATEGYJOB_TOKEN"]
     assert token == [
         {
@@ -81,7 +88,6 @@ def test_pod_is_named_addressed_labelled_and_owned():
         }
     ]
     assert pod["spec"]["serviceAccountName"] == "mnist-strategyjob-sa"
-    assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
     assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 2222
 
 
@@ -100,6 +106,53 @@ def test_service_is_headless_and_publishes_not_ready_addresses():
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {c.LABEL_JOB_NAME: "mnist"}
+
+
+def test_the_cluster_config_map_holds_the_cluster_part_of_tf_config_once():
+    j = make_job()
+    owner = children.owner_reference(OWNER)
+    cm = children.build_cluster_config_map(j, owner)
+    assert cm["metadata"] == {
+        "name": "mnist-strategyjob-cluster",
+        "namespace": "ml",
+        "labels": {c.LABEL_JOB_NAME: "mnist"},
+        "ownerReferences": [owner],
+    }
+    assert cm["immutable"] is True
+    assert cm["data"] == {
+        "cluster": '{"chief":["mnist-chief-0.mnist.ml.svc:2222"],'
+        '"ps":["mnist-ps-0.mnist.ml.svc:2222"],'
+        '"worker":["mnist-worker-0.mnist.ml.svc:2222","mnist-worker-1.mnist.ml.svc:2222"]}'
+    }
+    # what every pod's TF_CONFIG refers to: the text tf_config puts after "cluster":
+    cluster = jobspec.cluster_for_kubernetes(j)
+    for replica_type, index in j.replicas():
+        tf_config = jobspec.tf_config(cluster, replica_type, index)
+        assert tf_config.startswith('{"cluster":' + cm["data"]["cluster"] + ',"task":')
+        pod = children.build_pod(j, replica_type, index, owner, cluster)
+        (ref,) = [e for e in pod["spec"]["containers"][0]["env"] if "configMapKeyRef" in str(e)]
+        assert ref["valueFrom"]["configMapKeyRef"] == {
+            "name": cm["metadata"]["name"],
+            "key": "cluster",
+        }
+
+
+def test_a_template_variable_named_like_an_injected_one_is_replaced():
+    j = make_job()
+    spec = j.replica_specs["worker"].template["spec"]
+    spec["containers"][0]["env"] = [
+        {"name": "STRATEGYJOB_CLUSTER_SPEC", "value": "mine"},
+        {"name": "TF_CONFIG", "value": "{}"},
+        {"name": "A", "value": "$(TF_CONFIG)"},
+    ]
+    pod = children.build_pod(
+        j, "worker", 0, children.owner_reference(OWNER), jobspec.cluster_for_kubernetes(j)
+    )
+    env = pod["spec"]["containers"][0]["env"]
+    names = [e["name"] for e in env]
+    assert names.count("STRATEGYJOB_CLUSTER_SPEC") == 1 and names.count("TF_CONFIG") == 1
+    assert names.index("STRATEGYJOB_CLUSTER_SPEC") == 0
+    assert names[-1] == "A"  # after TF_CONFIG: its $(TF_CONFIG) gets the expanded one
 
 
 def test_operator_never_imports_torch():
@@ -195,6 +248,6 @@ def test_worker_zero_leads_without_a_chief_and_template_service_account_is_kept(
     ]
     names = [e["name"] for e in env]
     # right after the injected variables, so $(STRATEGYJOB_TOKEN) is not needed earlier
-    assert names.index("STRATEGYJOB_TOKEN") == len(
+    assert names.index("STRATEGYJOB_TOKEN") == 1 + len(
         jobspec.replica_env(j, "worker", 1, jobspec.cluster_for_kubernetes(j))
     )

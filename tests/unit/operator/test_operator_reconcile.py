@@ -90,13 +90,15 @@ def test_first_pass_creates_service_and_pods_then_writes_status_once_then_events
     api = FakeApi(job_obj(), [])
     run(api)
     assert api.calls == [
-        # the job's Service and security objects first (pods reference the last two)
+        # the job's Service, security objects and ConfigMap first (pods reference the
+        # ServiceAccount, the Secret and the ConfigMap)
         ("create", "Service", "j"),
         ("create", "ServiceAccount", "j-strategyjob-sa"),
         ("create", "Role", "j"),
         ("create", "RoleBinding", "j-strategyjob-sa"),
         ("create", "Secret", "j-u-strategyjob-token"),
         ("create", "NetworkPolicy", "j"),
+        ("create", "ConfigMap", "j-strategyjob-cluster"),
         ("create", "Pod", "j-worker-0"),
         ("create", "Pod", "j-worker-1"),
         ("patch", "status", "Created"),
