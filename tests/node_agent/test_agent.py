@@ -44,6 +44,8 @@ def test_pod_gets_its_environment_and_succeeds(pods: Pods):
         {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "ROLE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['role']"}}},
         {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
+        # a value from a ConfigMap, referred to later (the operator's TF_CONFIG does this)
+        {"name": "MODE_JSON", "value": '{"mode":$(MODE),"x":"$$(MODE)"}'},
         {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "password"}}},
     ]
     script = (
@@ -63,6 +65,7 @@ def test_pod_gets_its_environment_and_succeeds(pods: Pods):
     assert seen["MESSAGE"] == "hello world $(UNDEFINED) $(GREETING)"
     assert (seen["POD_NAME"], seen["POD_NS"], seen["ROLE"]) == ("env", pods.ns, "tester")
     assert (seen["MODE"], seen["PASSWORD"], seen["CM_level"]) == ("fast", "s3cret", "3")
+    assert seen["MODE_JSON"] == '{"mode":fast,"x":"$(MODE)"}'
     assert seen["NODE"] == pod.spec.node_name == "node-agent-0"
     assert seen["POD_IP"] == pod.status.pod_ip != pod.status.host_ip
     assert seen["HOST"] == "env"  # the pod's own UTS namespace
