@@ -1,20 +1,25 @@
 """Job-size benchmark on the local control plane (not a timed test).
 
-Every replica's TF_CONFIG lists the whole cluster, so a job's pod specs grow with the square
-of its size. For each size N (default 100, 250, 500 and the largest the CRD admits,
-``jobspec.MAX_TOTAL_REPLICAS``), with the longest names the CRD admits at that size (the
-job's name, a 63-character namespace, port 65535) so that TF_CONFIG is as large as it can be,
-it measures with the operator running as in a cluster (its own process, a fresh one per size):
+Every replica's TF_CONFIG lists the whole cluster: in the pod specs that would grow with the
+square of a job's size, so the cluster is stored once, in the job's ConfigMap, and each pod's
+TF_CONFIG refers to it (Kubernetes expands it in the container). For each size N (default
+100, 250, 500 and the largest the CRD admits, ``jobspec.MAX_TOTAL_REPLICAS``), with the
+longest names the CRD admits at that size (the job's name, a 63-character namespace, port
+65535) so that TF_CONFIG is as large as it can be, it measures with the operator running as
+in a cluster (its own process, a fresh one per size):
 
   - TF_CONFIG bytes per pod (``TF_CONFIG=<value>`` and its NUL, as ``execve`` counts it) against
-    the kernel's 128 KiB limit per environment string, and the job's pod specs in all;
+    the kernel's 128 KiB limit per environment string, and all the pods' together;
+  - the bytes etcd holds for the job's pods and its ConfigMap (values as the API server stores
+    them), against those TF_CONFIG strings: what the pods alone held when each carried one;
   - seconds from creating the job until all its pods exist;
   - the operator's peak resident memory (VmHWM) through creating the pods and one more pass
     that reads them all back, against the chart's memory limit; for the largest size, also
     that of an operator started afresh with the job and its pods in place (kopf lists and
     watches the pods, a pass reads them all).
 
-The last line is the ratio of the largest job's peak RSS to the chart's limit.
+The last lines are, for the largest job, the ratio of its TF_CONFIG strings to its etcd bytes
+and of the operator's peak RSS to the chart's limit.
 
     K8S_BIN_DIR=... PYTHONPATH=sdk:operator python bench/bench_job_size.py [--sizes 100,1000]
 """
@@ -22,6 +27,8 @@ The last line is the ratio of the largest job's peak RSS to the chart's limit.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import re
 import subprocess
@@ -84,6 +91,48 @@ def tf_config_sizes(job: jobspec.StrategyJob) -> tuple[int, int]:
         for t, i in job.replicas()
     ]
     return max(sizes), sum(sizes)
+
+
+def etcd_bytes(cp, prefix: str) -> tuple[int, int]:
+    """How many objects etcd holds under key ``prefix`` (the API server's, e.g.
+    ``/registry/pods/<namespace>/``) and their bytes as stored, read 100 at a time through
+    etcd's JSON gateway."""
+    start = prefix.encode()
+    end = start[:-1] + bytes([start[-1] + 1])
+    count = total = 0
+    while True:
+        body = {"key": _b64(start), "range_end": _b64(end), "limit": 100}
+        request = urllib.request.Request(
+            f"{cp.etcd_url}/v3/kv/range", data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            page = json.loads(response.read())
+        kvs = page.get("kvs") or []
+        count += len(kvs)
+        total += sum(len(base64.b64decode(kv["value"])) for kv in kvs)
+        if not page.get("more") or not kvs:
+            return count, total
+        start = base64.b64decode(kvs[-1]["key"]) + b"\0"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def container_tf_config(api, ns: str, env: list[dict]) -> str:
+    """TF_CONFIG as the container gets it from a pod's ``env``: the cluster read from the
+    job's ConfigMap into STRATEGYJOB_CLUSTER_SPEC and ``$(STRATEGYJOB_CLUSTER_SPEC)`` expanded,
+    as the kubelet does (no other ``$`` is in it)."""
+    values = {}
+    for entry in env:
+        ref = (entry.get("valueFrom") or {}).get("configMapKeyRef")
+        if ref:
+            config_map = api.call("GET", f"/api/v1/namespaces/{ns}/configmaps/{ref['name']}")
+            values[entry["name"]] = config_map["data"][ref["key"]]
+        elif "value" in entry:
+            values[entry["name"]] = entry["value"]
+    reference = f"$({jobspec.ENV_CLUSTER_SPEC})"
+    return values["TF_CONFIG"].replace(reference, values.get(jobspec.ENV_CLUSTER_SPEC, reference))
 
 
 def reconcile_passes(port: int) -> float:
@@ -172,10 +221,11 @@ def measure(api, cp, total: int, index: int, restart: bool) -> dict:
         )
         one_more_pass(api, jobs, name, port, "touch")
         pod = api.call("GET", f"/api/v1/namespaces/{ns}/pods/{name}-worker-{total - 2}")
-        (tf_config,) = [
-            e["value"] for e in pod["spec"]["containers"][0]["env"] if e["name"] == "TF_CONFIG"
-        ]
+        tf_config = container_tf_config(api, ns, pod["spec"]["containers"][0]["env"])
         assert len("TF_CONFIG=") + len(tf_config) + 1 == largest, "TF_CONFIG differs"
+        result["etcd_pods"] = etcd_bytes(cp, f"/registry/pods/{ns}/")
+        result["etcd_config_map"] = etcd_bytes(cp, f"/registry/configmaps/{ns}/{name}-")
+        assert result["etcd_pods"][0] == total, result["etcd_pods"]
         result["peak_mib"] = bench_operator.peak_rss_mib(op.pid)
         result["alive"] = op.poll() is None
     finally:
@@ -217,6 +267,15 @@ def main() -> int:
         for i, total in enumerate(sizes):
             r = measure(api, cp, total, i, restart=total == max(sizes))
             results.append(r)
+            (_, pod_bytes), (maps, map_bytes) = r["etcd_pods"], r["etcd_config_map"]
+            r["etcd"] = pod_bytes + map_bytes
+            print(
+                f"N={r['total']:>5}: etcd holds {pod_bytes / 2**20:.2f} MiB of pods "
+                f"({pod_bytes / total:,.0f} B each) + {map_bytes:,} B in {maps} ConfigMap = "
+                f"{r['etcd'] / 2**20:.2f} MiB; its TF_CONFIG strings: "
+                f"{r['all_bytes'] / 2**20:.1f} MiB",
+                flush=True,
+            )
             print(
                 f"N={r['total']:>5} (name {r['name']} chars, namespace 63, port 65535): "
                 f"TF_CONFIG {r['tf_config']:,} B/pod = {r['tf_config'] / 131072:.3f} of the "
@@ -231,6 +290,11 @@ def main() -> int:
                 flush=True,
             )
         largest = max(results, key=lambda r: r["total"])
+        print(
+            f"TF_CONFIG strings / etcd bytes of the job at N={largest['total']}: "
+            f"{largest['all_bytes'] / 2**20:.1f} MiB / {largest['etcd'] / 2**20:.2f} MiB = "
+            f"{largest['all_bytes'] / largest['etcd']:.1f}"
+        )
         peak = max(largest["peak_mib"], largest.get("restart_peak_mib", 0.0))
         print(
             f"peak RSS / chart limit at N={largest['total']}: {peak:.0f} MiB / "

@@ -75,6 +75,8 @@ class ControlPlane:
         self.procs: list[subprocess.Popen] = []
         self.token = TOKEN
         self.server = ""
+        #: etcd's client URL once started (benchmarks read what is stored there).
+        self.etcd_url = ""
         self.kubeconfig = self.dir / "kubeconfig"
         self.ca_path = self.dir / "pki" / "apiserver.crt"
 
@@ -99,6 +101,7 @@ class ControlPlane:
         )
         (pki / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         self._spawn(
             "etcd",
             "--name=default",
