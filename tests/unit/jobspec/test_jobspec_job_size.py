@@ -107,7 +107,10 @@ def test_the_kernel_starts_a_program_with_the_largest_tf_config_and_refuses_one_
     counts = {"chief": 1, "worker": 999}
     name = _longest_admitted_name("MultiWorkerMirroredStrategy", counts)
     job = load_manifest(_manifest(name, "MultiWorkerMirroredStrategy", counts))
-    env = jobspec.replica_env(job, "worker", 998, jobspec.cluster_for_kubernetes(job))
+    cluster = jobspec.cluster_for_kubernetes(job)
+    env = jobspec.replica_env(job, "worker", 998, cluster)
+    # on Kubernetes the process also gets the cluster alone, from the job's ConfigMap
+    env[jobspec.ENV_CLUSTER_SPEC] = jobspec.cluster_spec(cluster)
     code = "import os, sys; sys.stdout.write(str(len(os.environ['TF_CONFIG'])))"
     started = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
