@@ -71,8 +71,9 @@ MAX_NAME_LENGTH = 63
 #: is on the string inside the container: a pod spec holds only the task part of TF_CONFIG
 #: and refers to the cluster, stored once per job in a ConfigMap
 #: (:func:`strategyjob.jobspec.replica_env_by_reference`), so a job's objects in etcd grow
-#: with its size, not its square: at 1000 replicas, about 1 KiB of env per pod and one
-#: ConfigMap under 128 KiB (tests/integration/test_k8s_job_size.py, bench/bench_job_size.py).
+#: with its size, not its square: at 1000 replicas, 4 MiB in etcd (4 KiB per pod and a
+#: ConfigMap under 128 KiB) instead of 127 MiB (tests/integration/test_k8s_job_size.py,
+#: bench/bench_job_size.py).
 MAX_TOTAL_REPLICAS = 1000
 #: Most replicas of one type (the CRD's ``replicas.maximum``): the job's limit.
 MAX_REPLICAS = MAX_TOTAL_REPLICAS
