@@ -24,6 +24,8 @@ from strategyjob.jobspec import ENV_RESTART_ATTEMPT, load_manifest
 from strategyjob.launcher import Console, ProcessSupervisor, ReplicaExit, ReplicaLaunch, RunOptions
 from strategyjob.launcher._runner import _JobRun
 
+from tests.support import manifests
+
 pytestmark = pytest.mark.timeout(30)
 
 #: The most waits a script may take: a loop that never ends fails instead of hanging.
@@ -140,23 +142,20 @@ def make_job(
     restart_policy: str = "Never",
     **spec_extra: Any,
 ):
-    container = {"name": "strategyjob", "command": ["python", "train.py"]}
-    replica_specs = {
-        t: {
-            "replicas": n,
-            "restartPolicy": restart_policy,
-            "template": {"spec": {"containers": [container]}},
-        }
-        for t, n in counts.items()
-    }
-    return load_manifest(
-        {
-            "apiVersion": "strategyjob.dev/v1alpha1",
-            "kind": "StrategyJob",
-            "metadata": {"name": "demo"},
-            "spec": {"strategy": strategy, "replicaSpecs": replica_specs, **spec_extra},
-        }
+    """Job ``demo`` with ``counts`` replicas per type, every type ``restart_policy``;
+    ``spec_extra``: ``runPolicy`` / ``successPolicy`` as in a manifest."""
+    obj = manifests.manifest(
+        counts,
+        name="demo",
+        namespace=None,
+        strategy=strategy,
+        policy=restart_policy,
+        containers=[{"name": "strategyjob", "command": ["python", "train.py"]}],
+        success_policy=spec_extra.pop("successPolicy", ""),
+        run_policy=spec_extra.pop("runPolicy", None),
     )
+    assert not spec_extra, f"make_job cannot set {sorted(spec_extra)}"
+    return load_manifest(obj)
 
 
 @dataclass
