@@ -18,6 +18,7 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import textwrap
 import time
@@ -329,6 +330,26 @@ def _events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
 
 def _pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     return cluster.get("-n", NS, "pods", "-l", f"strategyjob.dev/job-name={name}")["items"]
+
+
+@pytest.fixture(autouse=True)
+def _evidence_if_failed(request: pytest.FixtureRequest, kind_cluster: Cluster) -> Iterator[None]:
+    """A failed case leaves the namespace's pods and Events and the operator's log in the
+    run's output (the cluster is deleted with the session)."""
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or not rep.failed:
+        return
+    for args in (
+        ("-n", NS, "get", "pods", "-o", "wide", "--show-labels"),
+        ("-n", NS, "get", "events", "--sort-by=.lastTimestamp"),
+        ("-n", OPERATOR_NS, "logs", "-l", "app.kubernetes.io/instance=sjob", "--tail=400"),
+    ):
+        try:
+            out = kind_cluster.kubectl(*args, timeout=60)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            out = f"(failed: {e})"
+        report(f"--- after {request.node.name} failed: kubectl {' '.join(args)}\n{out}")
 
 
 def _running_pod(cluster: Cluster, pod: str) -> dict[str, Any]:
