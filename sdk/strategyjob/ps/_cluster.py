@@ -40,11 +40,17 @@ __all__ = [
     "current",
     "run_ps_ops",
     "use",
+    "worker_name",
 ]
 
 RUN_CLOSURE_STREAM = "/strategyjob.ps.Worker/RunClosureStream"
 CREATE_RESOURCE = "/strategyjob.ps.Worker/CreateResource"
 WORKER_STATUS = "/strategyjob.ps.Worker/GetStatus"
+
+
+def worker_name(index: int) -> str:
+    """The worker's task name, as errors and logs name it (TensorFlow's form)."""
+    return f"/job:worker/replica:0/task:{index}"
 
 
 @runtime_checkable
@@ -141,7 +147,7 @@ class GrpcWorkerClient:
     def __init__(self, index: int, address: str) -> None:
         self.index = index
         self.address = address
-        self.name = f"/job:worker/replica:0/task:{index}"
+        self.name = worker_name(index)
         self.traffic = [0, 0]
         self._streams = threading.local()
         self._create = _transport.channel(address).unary_unary(CREATE_RESOURCE)

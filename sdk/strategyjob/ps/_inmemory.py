@@ -19,6 +19,7 @@ import torch
 from strategyjob import errors
 from strategyjob.ps import _remote, _server, _transport
 from strategyjob.ps import strategyjob_ps_pb2 as pb
+from strategyjob.ps._cluster import worker_name
 from strategyjob.ps._transport import Op
 
 __all__ = ["InMemoryTransport"]
@@ -135,7 +136,7 @@ class InMemoryTransport:
         with self._cond:
             worker = self._workers[index]
             if not worker.available:
-                raise errors.UnavailableError(f"{_worker_name(index)} is unavailable (lost)")
+                raise errors.UnavailableError(f"{worker_name(index)} is unavailable (lost)")
             return worker
 
     def _status(self, index: int, timeout: float) -> str:
@@ -143,7 +144,7 @@ class InMemoryTransport:
             self._cond.wait_for(lambda: self._workers[index].available or self._closed, timeout)
             if not self._workers[index].available:
                 raise errors.UnavailableError(
-                    f"{_worker_name(index)} is unavailable (no answer within {timeout:g} s)"
+                    f"{worker_name(index)} is unavailable (no answer within {timeout:g} s)"
                 )
             return self._workers[index].incarnation
 
@@ -155,7 +156,7 @@ class InMemoryTransport:
                 lose, worker.lose_on_next = worker.lose_on_next, None
         if lose is False:
             self.set_worker_available(index, False)
-            raise errors.UnavailableError(f"{_worker_name(index)} is unavailable (lost)")
+            raise errors.UnavailableError(f"{worker_name(index)} is unavailable (lost)")
         # Through the wire format, as over gRPC: what does not serialize fails here too.
         request = pb.Closure.FromString(request.SerializeToString())
         with _remote.worker_state_scope(worker.state):
@@ -170,7 +171,7 @@ class InMemoryTransport:
                 self.closures.append((index, request.step_id))
         if lose:
             self.set_worker_available(index, False)
-            raise errors.UnavailableError(f"{_worker_name(index)} was lost before replying")
+            raise errors.UnavailableError(f"{worker_name(index)} was lost before replying")
         return pb.ClosureResult.FromString(reply.SerializeToString())
 
 
@@ -180,7 +181,7 @@ class _WorkerClient:
     def __init__(self, transport: InMemoryTransport, index: int) -> None:
         self._transport = transport
         self.index = index
-        self.name = _worker_name(index)
+        self.name = worker_name(index)
         self.traffic = [0, 0]
 
     def status(self, timeout: float) -> str:
@@ -198,7 +199,3 @@ class _WorkerClient:
 
 def _ps_name(task: int) -> str:
     return f"/job:ps/replica:0/task:{task}"
-
-
-def _worker_name(index: int) -> str:
-    return f"/job:worker/replica:0/task:{index}"

@@ -397,7 +397,7 @@ class _Worker:
 
     @property
     def name(self) -> str:
-        return f"/job:worker/replica:0/task:{self.index}"
+        return self._client.name
 
     @property
     def traffic(self) -> list[int]:

@@ -16,6 +16,8 @@ from strategyjob_operator.kube import ApiError, KubeApi
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.reconcile import OperatorSettings, Reconciler
 
+from tests.support import manifests
+
 # --- quantities --------------------------------------------------------------------------------
 
 
@@ -289,21 +291,18 @@ def test_waiting_message_names_at_most_three() -> None:
 def manifest(
     cpu: str = "2", workers: int = 2, suspend: bool = False, policy: dict | None = None
 ) -> dict:
-    template = {"spec": {"containers": [ctr({"cpu": cpu}, name="strategyjob")]}}
     run_policy: dict = {"suspend": suspend}
     if policy:
         run_policy["schedulingPolicy"] = policy
-    return {
-        "apiVersion": "strategyjob.dev/v1alpha1",
-        "kind": "StrategyJob",
-        "metadata": {"name": "j", "namespace": "ns", "uid": "u", "generation": 1},
-        "spec": {
-            "strategy": "MultiWorkerMirroredStrategy",
-            "replicaSpecs": {"worker": {"replicas": workers, "template": template}},
-            "runPolicy": run_policy,
-        },
-        "status": {},
-    }
+    obj = manifests.manifest(
+        {"worker": workers},
+        policy=None,
+        containers=[ctr({"cpu": cpu}, name="strategyjob")],
+        run_policy=run_policy,
+        uid="u",
+        generation=1,
+    )
+    return {**obj, "status": {}}
 
 
 def test_quota_pod_specs_count_each_type_and_carry_the_priority_class() -> None:
