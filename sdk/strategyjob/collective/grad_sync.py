@@ -747,10 +747,6 @@ class _TorchHooks:
             if self._depth == 0:
                 self._remove()
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._handles)
-
     def _install(self) -> None:
         self._handles = [
             _module.register_module_parameter_registration_hook(_on_parameter_registered),
