@@ -1,11 +1,12 @@
-"""End-to-end fixtures: the cluster (local control plane + node agent, or the one of
-``STRATEGYJOB_E2E_KUBECONFIG``), the operator installed with its Helm chart, and a fresh
-namespace per test. See ``e2e_support`` for the helpers."""
+"""End-to-end fixtures: the cluster (the session's kind cluster with the project's images
+loaded, or the one of ``STRATEGYJOB_E2E_KUBECONFIG``), the operator installed with its Helm
+chart, and a fresh namespace per test. See ``e2e_support`` for the helpers."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +17,13 @@ from e2e.e2e_support import (
     ENV_HELM_ARGS,
     ENV_KUBECONFIG,
     ENV_RELEASE,
+    ENV_SHARED_DIR,
     Cluster,
     Namespace,
     tool,
 )
+from tests.support.control_plane import find_binaries
+from tests.support.kind import KIND_SHARED_PATH, project_images, report
 
 _HERE = Path(__file__).parent
 
@@ -30,26 +34,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(item.fspath).parents:
             item.add_marker(pytest.mark.e2e)
+            # A test's timeout bounds the test, not the package's setup that its first test
+            # waits for (loading the 7.8 GB worker image takes minutes): each setup step is
+            # bounded by its own timeout (the load, helm's --wait).
+            marker = item.get_closest_marker("timeout")
+            seconds = marker.args[0] if marker and marker.args else item.config.getini("timeout")
+            item.add_marker(pytest.mark.timeout(float(seconds), func_only=True), append=False)
 
 
 @pytest.fixture(scope="package")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The cluster under test; in local mode it is stopped at the end and must leave no
-    process, network namespace or link behind."""
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    """The cluster under test: ``STRATEGYJOB_E2E_KUBECONFIG``'s, else the session's kind
+    cluster (two nodes, kube-router enforcing NetworkPolicy) with this tree's operator and
+    worker images loaded into both nodes."""
     if kubeconfig := os.environ.get(ENV_KUBECONFIG):
-        yield Cluster(Path(kubeconfig), tool("kubectl", None), tool("helm", None))
-        return
-    from node_agent.harness import LocalCluster, skip_reason
-
-    if reason := skip_reason():
-        pytest.skip(reason)
-    local = LocalCluster(tmp_path_factory.mktemp("cluster")).start()  # node-agent.log
-    bin_dir = local.bin_dir
-    try:
-        yield Cluster(local.kubeconfig, tool("kubectl", bin_dir), tool("helm", bin_dir), local)
-    finally:
-        left = local.stop()
-        assert not left, f"the node agent left these behind (now removed): {left}"
+        return Cluster(Path(kubeconfig), tool("kubectl", None), tool("helm", None))
+    kind = request.getfixturevalue("kind_cluster")
+    bin_dir, _ = find_binaries()
+    bin_dir = Path(bin_dir) if bin_dir else None
+    images = project_images()
+    report(f"e2e: images {', '.join(images)} loaded into both nodes in {kind.load(*images):.0f} s")
+    return Cluster(
+        kind.kubeconfig, tool("kubectl", bin_dir), tool("helm", bin_dir), kind, images[0]
+    )
 
 
 @pytest.fixture(scope="package")
@@ -64,16 +71,19 @@ def operator(cluster: Cluster) -> Iterator[tuple[str, str]]:
     if not (CHART / "Chart.yaml").is_file():
         pytest.fail(f"the operator's Helm chart is missing: {CHART}")
     extra = shlex.split(os.environ.get(ENV_HELM_ARGS, ""))
+    if cluster.operator_image:  # loaded into the nodes, never pulled
+        repository, tag = cluster.operator_image.rsplit(":", 1)
+        extra = ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+                 "--set", "image.pullPolicy=Never", *extra]  # fmt: skip
     cluster.helm(
         "install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace",
-        "--wait", "--timeout", "3m", *extra,
+        "--wait", "--timeout", "5m", *extra,
     )  # fmt: skip
     try:
         yield RELEASE_NAMESPACE, RELEASE
     finally:
-        if cluster.local is None:  # a local cluster goes away with everything in it
-            cluster.helm("uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
-            cluster.kubectl("delete", "namespace", RELEASE_NAMESPACE, "--wait=false")
+        # The namespace stays: the kind integration modules install their operator there next.
+        cluster.helm("uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
 
 
 @pytest.fixture
@@ -87,11 +97,11 @@ def ns(cluster: Cluster, operator: tuple[str, str]) -> Iterator[Namespace]:
 
 
 @pytest.fixture
-def shared_dir(cluster: Cluster, ns: Namespace, tmp_path: Path) -> str:
-    """A directory every pod of the test can mount as a hostPath (checkpoints): the test's
-    tmp dir locally; on another cluster a path on its node(s)."""
-    if cluster.local is not None:
-        path = tmp_path / "shared"
-        path.mkdir()
-        return str(path)
-    return f"/tmp/strategyjob-e2e/{ns.name}"
+def shared_dir(cluster: Cluster, ns: Namespace) -> Iterator[str]:
+    """A directory every pod of the test can mount as a hostPath (checkpoints), the same
+    storage on every node: on kind a directory under the one every node mounts (tools/kind/
+    cluster.sh), removed afterwards; on another cluster under ``STRATEGYJOB_E2E_SHARED_DIR``,
+    which must be shared."""
+    yield f"{os.environ.get(ENV_SHARED_DIR, KIND_SHARED_PATH)}/{ns.name}"
+    if cluster.kind is not None:
+        shutil.rmtree(cluster.kind.shared_dir / ns.name, ignore_errors=True)

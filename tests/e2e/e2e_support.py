@@ -2,9 +2,10 @@
 
 Two modes, same tests:
 
-* local (default): the control plane of ``tests/integration`` plus the node agent of
-  ``tests/node_agent`` (pods are local processes in their own network namespaces);
-* existing cluster: ``STRATEGYJOB_E2E_KUBECONFIG=<file>`` (e.g. kind, see ``kind.sh``).
+* kind (default): the session's two-node kind cluster made on this machine (``tools/kind``,
+  ``tests.support.kind``), with this tree's operator and worker images loaded into its nodes;
+  pods are containers started by real kubelets, and kube-router enforces NetworkPolicy;
+* existing cluster: ``STRATEGYJOB_E2E_KUBECONFIG=<file>``.
 
 Either way the operator runs as pods of the Helm chart, jobs are applied with ``kubectl``
 and logs are read through the API server (``pods/log``), as a user would.
@@ -16,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -32,25 +32,28 @@ CHART = REPO_ROOT / "helm" / "strategyjob-operator"
 EXAMPLES = REPO_ROOT / "examples"
 GROUP, VERSION, PLURAL = "strategyjob.dev", "v1alpha1", "strategyjobs"
 
-#: An existing cluster to run against instead of the local one.
+#: An existing cluster to run against instead of the session's kind cluster.
 ENV_KUBECONFIG = "STRATEGYJOB_E2E_KUBECONFIG"
-#: ``<namespace>/<release>`` of an operator already installed (kind.sh installs one).
+#: ``<namespace>/<release>`` of an operator already installed (then not installed by the suite).
 ENV_RELEASE = "STRATEGYJOB_E2E_RELEASE"
 #: Extra ``helm install`` arguments, e.g. ``--set image.pullPolicy=Never``.
 ENV_HELM_ARGS = "STRATEGYJOB_E2E_HELM_ARGS"
 #: The image of the jobs' pods (default: the examples' own).
 ENV_WORKER_IMAGE = "STRATEGYJOB_E2E_WORKER_IMAGE"
+#: A directory every node of an existing cluster mounts from one storage (hostPath volumes).
+ENV_SHARED_DIR = "STRATEGYJOB_E2E_SHARED_DIR"
 
 
 @dataclass
 class Cluster:
-    """Where the suite runs: a kubeconfig, the kubectl and helm to use, and (local mode)
-    the node agent, whose pods the tests may also inspect as processes."""
+    """Where the suite runs: a kubeconfig, the kubectl and helm to use, and (kind mode) the
+    kind cluster, whose nodes the tests may enter, and the operator image loaded into it."""
 
     kubeconfig: Path
     kubectl_bin: str
     helm_bin: str
-    local: Any = None  # node_agent.harness.LocalCluster in local mode
+    kind: Any = None  # tests.support.kind.Cluster in kind mode
+    operator_image: str | None = None
 
     def __post_init__(self) -> None:
         from kubernetes import client, config
@@ -185,23 +188,33 @@ class Namespace:
         )
 
     def kill(self, pod: str) -> str:
-        """Kill the pod's training process, as the OOM killer or a node failure would.
-
-        Locally: SIGKILL to the container's process (the pod fails with exit code 137).
-        On another cluster the suite cannot reach the process (it is PID 1 of its
-        container, which ignores signals sent from inside), so the pod is force-deleted.
-        Returns the uid of the pod that was killed."""
+        """SIGKILL the pod's training process, as the OOM killer or a crash would: on kind
+        from inside its node (the container's first process ignores signals sent from inside
+        the container; the pod fails with exit code 137). On another cluster the suite cannot
+        reach the node, so the pod is force-deleted. Returns the uid of the pod killed."""
         obj = self.pod(pod)
         assert obj is not None, f"pod {pod} does not exist"
-        if self.cluster.local is not None:
-            container_id = obj.status.container_statuses[0].container_id or ""
-            pid = int(container_id.removeprefix("nodeagent://"))
-            os.kill(pid, signal.SIGKILL)
+        if self.cluster.kind is not None:
+            container = obj.status.container_statuses[0].container_id.split("://", 1)[1]
+            node = obj.spec.node_name
+            pid = _in_node(node, "crictl", "inspect", "--output", "go-template",
+                           "--template", "{{.info.pid}}", container).strip()  # fmt: skip
+            _in_node(node, "kill", "-KILL", pid)
         else:
             self.cluster.kubectl(
                 "delete", "pod", pod, "-n", self.name, "--grace-period=0", "--force"
             )
         return obj.metadata.uid
+
+
+def _in_node(node: str, *command: str) -> str:
+    """``command`` run in a kind node (a Docker container named after the node)."""
+    done = subprocess.run(
+        ["docker", "exec", node, *command], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} in node {node} failed: {done.stderr}")
+    return done.stdout
 
 
 def worker_image() -> str:
@@ -215,18 +228,30 @@ def example(
     env: dict[str, dict[str, str]] | None = None,
     checkpoints: str | None = None,
     keep_pods: bool = False,
+    spread: bool = False,
 ) -> dict[str, Any]:
     """``examples/<name>/k8s.yaml`` with some env values changed (``env[replica type]``),
     the worker image of ``STRATEGYJOB_E2E_WORKER_IMAGE``, with ``checkpoints`` its hostPath
-    checkpoint volume moved to that directory (mounted at the same path), and with
+    checkpoint volume moved to that directory (mounted at the same path), with
     ``keep_pods`` cleanPodPolicy None (so that pods still running when the leader
-    succeeds, and their logs, stay)."""
+    succeeds, and their logs, stay), and with ``spread`` each of the job's pods on another
+    node (the control plane's taint tolerated: kind's two nodes)."""
     manifest = yaml.safe_load((EXAMPLES / name / "k8s.yaml").read_text())
+    job_name = manifest["metadata"]["name"]
     if keep_pods:
         manifest["spec"].setdefault("runPolicy", {})["cleanPodPolicy"] = "None"
     image = os.environ.get(ENV_WORKER_IMAGE)  # else the manifest's own
     for replica_type, spec in manifest["spec"]["replicaSpecs"].items():
         pod = spec["template"]["spec"]
+        if spread:
+            pod["tolerations"] = [{"operator": "Exists"}]
+            term = {
+                "labelSelector": {"matchLabels": {"strategyjob.dev/job-name": job_name}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+            pod["affinity"] = {
+                "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+            }
         for container in pod.get("initContainers", []) + pod["containers"]:
             if image:
                 container["image"] = image

@@ -59,13 +59,14 @@ def assert_progress_reached_the_status(ns: Namespace, name: str, steps: int) -> 
 
 
 def test_multi_worker_mirrored_example_succeeds(ns: Namespace, shared_dir: str):
-    ns.apply(
-        example(
-            "digits_mwms", env={"worker": {"EPOCHS": "4"}}, checkpoints=shared_dir, keep_pods=True
-        )
-    )
+    env = {"worker": {"EPOCHS": "4"}}
+    spread = ns.cluster.kind is not None  # the workers on kind's two nodes
+    ns.apply(example("digits_mwms", env=env, checkpoints=shared_dir, keep_pods=True, spread=spread))
     job = ns.wait_job("digits-mwms", "Succeeded", timeout=180)
     assert job["status"]["restartCount"] == 0
+    if spread:
+        nodes = {p.spec.node_name for p in ns.pods("digits-mwms")}
+        assert len(nodes) == 2, nodes
     worker0, worker1 = ns.logs("digits-mwms-worker-0"), ns.logs("digits-mwms-worker-1")
     assert "2 replicas in sync, chief=True" in worker0
     assert "2 replicas in sync, chief=False" in worker1
@@ -80,9 +81,8 @@ def test_multi_worker_mirrored_example_succeeds(ns: Namespace, shared_dir: str):
     assert_listed_as_succeeded(ns, "digits-mwms", "MultiWorkerMirroredStrategy", 2)
 
 
-def test_central_storage_example_succeeds(ns: Namespace, shared_dir: str):
-    env = {"EPOCHS": "4", "CHECKPOINT_DIR": f"{shared_dir}/digits-central-storage"}
-    ns.apply(example("digits_central_storage", env={"worker": env}))
+def test_central_storage_example_succeeds(ns: Namespace):
+    ns.apply(example("digits_central_storage", env={"worker": {"EPOCHS": "4"}}))
     ns.wait_job("digits-central-storage", "Succeeded", timeout=180)
     log = ns.logs("digits-central-storage-worker-0")
     assert "2 replicas on" in log

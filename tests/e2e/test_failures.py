@@ -55,10 +55,11 @@ def test_parameter_server_worker_killed_mid_training_job_succeeds(ns: Namespace)
 def test_mirrored_worker_killed_restarts_the_job_which_resumes_from_its_backup(
     ns: Namespace, shared_dir: str
 ):
-    manifest = example(
-        "digits_mwms", env={"worker": {"EPOCHS": "30"}}, checkpoints=shared_dir, keep_pods=True
-    )
-    ns.apply(manifest)
+    # On kind the workers run on different nodes, before and after the restart: the backup
+    # is read from the storage both nodes share.
+    spread = ns.cluster.kind is not None
+    env = {"worker": {"EPOCHS": "30"}}
+    ns.apply(example("digits_mwms", env=env, checkpoints=shared_dir, keep_pods=True, spread=spread))
     ns.wait_log("digits-mwms-worker-0", r"epoch 3/30", timeout=150)
     before = {p.metadata.name: p.metadata.uid for p in ns.pods("digits-mwms")}
     ns.kill("digits-mwms-worker-1")
@@ -67,8 +68,12 @@ def test_mirrored_worker_killed_restarts_the_job_which_resumes_from_its_backup(
     assert job["status"]["restartCount"] == 1
     reasons = events(ns, "digits-mwms")
     assert any(r == "JobRestarting" and "worker-1" in m for r, m in reasons), reasons
+    if spread:  # killed with SIGKILL from inside its node (elsewhere: force-deleted)
+        assert any("worker-1 exited with code 137" in m for _, m in reasons), reasons
     after = {p.metadata.name: p.metadata.uid for p in ns.pods("digits-mwms")}
     assert set(after) == set(before) and not set(after.values()) & set(before.values())
+    if spread:
+        assert len({p.spec.node_name for p in ns.pods("digits-mwms")}) == 2
 
     log = ns.logs("digits-mwms-worker-0")
     resumed = RESUMED.search(log)
@@ -88,8 +93,15 @@ def test_job_past_its_deadline_fails_with_the_reason(ns: Namespace):
     sleeper = {
         "name": "strategyjob",
         "image": worker_image(),
-        "command": ["python", "-c", "import time; time.sleep(600)"],
-    }
+        # Stops on SIGTERM as training code does (a PID 1 without a handler ignores it and
+        # waits out the pods' grace period, 60 s by default).
+        "command": [
+            "python", "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+            "time.sleep(600)",
+        ],
+    }  # fmt: skip
     ns.apply(
         {
             "apiVersion": "strategyjob.dev/v1alpha1",

@@ -1,9 +1,8 @@
-"""Per-job security on the cluster: a job's parameter server serves the job's own chief
-(whose pods get the token from the job's Secret), and refuses a pod of another job, which
-carries that job's token, and a process with no token at all.
-
-The NetworkPolicy that also isolates jobs needs a CNI that enforces it; the local cluster has
-none, so this checks the token, the layer that holds without one."""
+"""Per-job security on the cluster, both layers: the job's NetworkPolicy keeps a pod of
+another job from even connecting to the job's parameter server (kube-router enforces it on
+kind), and the job's token makes its servers refuse any process that does not hold it — one
+holding another job's token, or none — even one inside the job's own pods, which the policy
+lets through. The job's own chief is served throughout."""
 
 from __future__ import annotations
 
@@ -28,8 +27,22 @@ print("OWNER READ", float(v.read_value()), flush=True)
 time.sleep(600)  # keeps the job running while the intruder knocks; the test ends it
 """
 
-#: A pod of another job: it knows the vault's ps address and holds its own job's token.
+#: A pod of another job: it knows the vault's ps address; the NetworkPolicy lets nothing
+#: through, so each connection attempt times out.
 INTRUDER = r"""
+import os, socket
+host, port = os.environ["VAULT_PS"].rsplit(":", 1)
+for attempt in range(3):
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print("INTRUDER CONNECTED", flush=True)
+    except OSError as e:
+        print("INTRUDER BLOCKED:", e, flush=True)
+"""
+
+#: Run inside a pod of the vault itself (past the NetworkPolicy): creates a variable on the
+#: vault's ps with whatever token its environment holds.
+PROBE = r"""
 import os
 import strategyjob
 from strategyjob import errors
@@ -38,16 +51,12 @@ spec = ClusterSpec({"chief": ["127.0.0.1:1"], "worker": [os.environ["VAULT_WORKE
                     "ps": [os.environ["VAULT_PS"]]})
 strategy = strategyjob.ParameterServerStrategy(
     SimpleClusterResolver(spec, task_type="chief", task_id=0))
-assert os.environ["STRATEGYJOB_TOKEN"]
-for attempt in ("own-job-token", "no-token"):
-    if attempt == "no-token":
-        del os.environ["STRATEGYJOB_TOKEN"]
-    try:
-        with strategy.scope():
-            strategyjob.Variable(0.0, name="probe")
-        print("INTRUDER", attempt, "ACCEPTED", flush=True)
-    except errors.PermissionDeniedError as e:
-        print("INTRUDER", attempt, "REFUSED:", str(e).splitlines()[0], flush=True)
+try:
+    with strategy.scope():
+        strategyjob.Variable(0.0, name="probe")
+    print("PROBE ACCEPTED", flush=True)
+except errors.PermissionDeniedError as e:
+    print("PROBE REFUSED:", str(e).splitlines()[0], flush=True)
 """
 
 
@@ -73,7 +82,17 @@ def job(name: str, strategy: str, specs: dict[str, tuple[int, list[str], dict[st
     }
 
 
-def test_a_jobs_servers_refuse_another_jobs_pod_and_tokenless_calls(ns: Namespace):
+def _token_of(ns: Namespace, pod: str) -> str:
+    """The token the pod's container gets from its job's Secret (as the kubelet reads it)."""
+    import base64
+
+    container = ns.pod(pod).spec.containers[0]
+    ref = next(e for e in container.env if e.name == "STRATEGYJOB_TOKEN").value_from.secret_key_ref
+    secret = ns.cluster.core.read_namespaced_secret(ref.name, ns.name)
+    return base64.b64decode(secret.data[ref.key]).decode()
+
+
+def test_a_jobs_servers_are_closed_to_other_jobs_by_policy_and_by_token(ns: Namespace):
     server = ["python", "-m", "strategyjob.server"]
     ns.apply(
         job(
@@ -102,10 +121,21 @@ def test_a_jobs_servers_refuse_another_jobs_pod_and_tokenless_calls(ns: Namespac
     )
     ns.wait_job("intruder", "Succeeded", timeout=120)
     log = ns.logs("intruder-worker-0")
-    for attempt in ("own-job-token", "no-token"):
-        assert f"INTRUDER {attempt} REFUSED:" in log, log
-    assert "ACCEPTED" not in log, log
-    assert "token" in log.split("REFUSED:", 1)[1].splitlines()[0], log
+    if ns.cluster.kind is not None:  # kube-router enforces the job's NetworkPolicy
+        assert log.count("INTRUDER BLOCKED") == 3 and "CONNECTED" not in log, log
+
+    # Past the policy, inside the vault's own worker pod: the token decides.
+    other_token = _token_of(ns, "intruder-worker-0")
+    assert other_token and other_token != _token_of(ns, "vault-worker-0")
+    env = [f"{k}={v}" for k, v in addresses.items()]
+    exec_ = ["exec", "-n", ns.name, "vault-worker-0", "--", "env"]
+    for holding, token_env in (
+        ("another job's token", [f"STRATEGYJOB_TOKEN={other_token}"]),
+        ("no token", ["-u", "STRATEGYJOB_TOKEN"]),
+    ):
+        out = ns.cluster.kubectl(*exec_, *token_env, *env, "python", "-c", PROBE, timeout=120)
+        assert "PROBE REFUSED:" in out and "ACCEPTED" not in out, (holding, out)
+        assert "token" in out.split("PROBE REFUSED:", 1)[1].splitlines()[0], (holding, out)
     # The vault is unharmed: its chief still runs, and its servers have not failed.
     assert {p.metadata.name: p.status.phase for p in ns.pods("vault")} == {
         "vault-chief-0": "Running",

@@ -10,20 +10,9 @@ from pathlib import Path
 import pytest
 from integration_harness import Kube, OperatorProcess
 
-# The kind cluster (tools/kind) that every `kind` module shares: one per session.
-from kind_support import MEASURED, kind_cluster  # noqa: F401
-
 from tests.support.control_plane import REPO_ROOT, ControlPlane, find_binaries
 
 _HERE = Path(__file__).parent
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The kind tests' timings (cluster creation, image load, operator start, jobs)."""
-    if MEASURED:
-        terminalreporter.section("kind timings")
-        for line in MEASURED:
-            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(hookwrapper=True)

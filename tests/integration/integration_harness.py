@@ -140,14 +140,14 @@ class Kube:
         return [(pod, len(json.dumps(pod, separators=(",", ":")))) for pod in items]
 
     def container_env(self, pod: dict[str, Any], container: int = 0) -> dict[str, str]:
-        """The environment a kubelet gives the pod's container (the node agent's code:
+        """The environment a kubelet gives the pod's container (``tests.support.kubelet_env``:
         ``valueFrom`` ConfigMap and Secret keys read from the API server, ``$(VAR)``
         expanded), without the image's own variables. ``pod``: as :meth:`raw_pods` gives."""
         import base64
 
         from kubernetes.client.exceptions import ApiException
 
-        from tests.node_agent.runtime import ImageConfig, container_env
+        from tests.support.kubelet_env import container_env
 
         def lookup(kind: str, namespace: str, name: str) -> dict[str, str] | None:
             read = {
@@ -165,7 +165,7 @@ class Kube:
             return dict(obj.data or {})
 
         spec = pod["spec"]["containers"][container]
-        return container_env(pod, spec, ImageConfig(env={}, workdir="/"), {}, lookup, {})
+        return container_env(pod, spec, lookup)
 
     def wait_pods(self, job: str, count: int, timeout: float = 30.0) -> dict[str, Any]:
         def ready():

@@ -1,6 +1,6 @@
 """A kind cluster made entirely on this machine (``tools/kind``) works as a Kubernetes cluster:
 two nodes Ready, pods on different nodes reach each other, CoreDNS answers for a headless
-Service, and kube-router enforces NetworkPolicy. The cluster (``kind_support.kind_cluster``,
+Service, and kube-router enforces NetworkPolicy. The cluster (``tests.support.kind.kind_cluster``,
 shared by every ``kind`` module of the session) is deleted afterwards, containers and Docker
 network included, even when a test fails or the run is interrupted.
 """
@@ -8,7 +8,8 @@ network included, even when a test fails or the run is interrupted.
 from __future__ import annotations
 
 import pytest
-from kind_support import Cluster, poll
+
+from tests.support.kind import Cluster, poll
 
 # The first test also waits for the build (cold) and the cluster; each step has its own deadline.
 pytestmark = [pytest.mark.kind, pytest.mark.timeout(3000)]

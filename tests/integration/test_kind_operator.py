@@ -1,4 +1,4 @@
-"""The operator on real kubelets: the chart installs it IN a kind cluster (``kind_support``),
+"""The operator on real kubelets: the chart installs it IN a kind cluster (``tests.support.kind``),
 where it runs as a pod on the chart's ServiceAccount, and StrategyJobs run on the cluster's
 two nodes. What the other integration tests only write into pod status by hand, a real
 kubelet does here: a cross-node job that finds its peer through TF_CONFIG and the headless
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kind_support import KIND, Cluster, poll, report, run
 
 from tests.support.control_plane import REPO_ROOT
+from tests.support.kind import Cluster, poll, report, run
 
 pytestmark = [pytest.mark.kind, pytest.mark.timeout(3000)]
 
@@ -238,10 +238,7 @@ def operator(kind_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) ->
     began = time.monotonic()
     image = _image_under_test()
     report(f"operator image {image} ready in {time.monotonic() - began:.0f} s")
-    began = time.monotonic()
-    run(["bash", str(KIND / "load.sh"), cluster.name, image], 300)
-    loaded = time.monotonic() - began
-    report(f"operator image loaded into both nodes in {loaded:.0f} s")
+    report(f"operator image loaded into both nodes in {cluster.load(image):.0f} s")
     repository, tag = image.rsplit(":", 1)
     home = tmp_path_factory.mktemp("helm")
     began = time.monotonic()
@@ -263,8 +260,10 @@ def operator(kind_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) ->
     try:
         yield image
     finally:
-        # The cluster may serve other modules: the jobs' pods go (the operator stays).
+        # The cluster serves other modules (the e2e suite installs its own operator): the
+        # jobs' pods and this operator go.
         cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=false")
+        _helm(cluster, home, "uninstall", "sjob", "--namespace", OPERATOR_NS, "--wait")
 
 
 @pytest.fixture(scope="module")

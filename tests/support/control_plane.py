@@ -139,7 +139,7 @@ class ControlPlane:
         self.server = f"https://127.0.0.1:{api_port}"
         try:
             self._wait_ready(timeout)
-        except Exception:
+        except BaseException:  # KeyboardInterrupt (Ctrl-C, SIGTERM) too: nothing outlives it
             self.stop()
             raise
         self.kubeconfig.write_text(
@@ -224,17 +224,26 @@ class ControlPlane:
             time.sleep(0.2)  # polling a condition with a deadline
 
     def stop(self, keep_dir: bool = False) -> None:
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in reversed(self.procs):
-            try:
-                # kube-apiserver drains for over a minute after SIGTERM; nothing here
-                # needs its graceful shutdown (the whole directory goes away).
-                p.wait(3)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        """SIGTERM to every process, SIGKILL to those still running 3 s later, or at once
+        when the wait is interrupted (a second Ctrl-C): none outlives the call."""
+        try:
+            for p in reversed(self.procs):
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            # kube-apiserver drains for over a minute after SIGTERM; nothing here needs its
+            # graceful shutdown (the whole directory goes away).
+            deadline = time.monotonic() + 3
+            for p in reversed(self.procs):
+                try:
+                    p.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in self.procs:
                 p.wait()
-        self.procs.clear()
-        if not keep_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.procs.clear()
+            if not keep_dir:
+                shutil.rmtree(self.dir, ignore_errors=True)

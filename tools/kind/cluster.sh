@@ -7,6 +7,7 @@
 # `create` builds what it needs first (tools/kind/build.sh: seconds once cached), then makes a
 # control-plane node and WORKERS worker nodes (default 1), and returns once every node is Ready.
 # Each cluster gets its own Docker network, named after it, so `delete` leaves nothing behind.
+# Every node mounts the cluster's shared directory at $KIND_SHARED_PATH (/var/strategyjob-shared).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 source "$HERE/versions.sh"
@@ -17,14 +18,24 @@ action="${1:-}" name="${2:-}"
   { echo "cluster name '$name' is not valid: use lower-case letters, digits and '-'" >&2; exit 2; }
 kind="$KIND_CACHE/bin/kind-$KIND_VERSION/kind"
 dir="$KIND_CACHE/clusters/$name"
+KIND_SHARED_PATH=/var/strategyjob-shared
 export KIND_EXPERIMENTAL_DOCKER_NETWORK="kind-$name"
 
 delete() {
-  if [[ -x "$kind" ]]; then "$kind" delete cluster --name "$name" >&2; fi
-  # kind leaves its network behind; this cluster's is its own (nothing else is attached).
-  if docker network inspect "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null 2>&1; then
-    docker network rm "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null
-  fi
+  # Until nothing of the cluster is left: node containers Docker is still creating (a create
+  # interrupted right after kind started them) survive a first `kind delete`.
+  local deadline=$((SECONDS + 120))
+  while :; do
+    if [[ -x "$kind" ]]; then "$kind" delete cluster --name "$name" >&2; fi
+    # kind leaves its network behind; this cluster's is its own (nothing else is attached).
+    if docker network inspect "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null 2>&1; then
+      docker network rm "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null 2>&1 || true
+    fi
+    [[ -n "$(docker ps -aq --filter "label=io.x-k8s.kind.cluster=$name")" ]] ||
+      docker network inspect "$KIND_EXPERIMENTAL_DOCKER_NETWORK" >/dev/null 2>&1 || break
+    ((SECONDS < deadline)) || { echo "cluster $name: nodes or network left after 120 s" >&2; return 1; }
+    sleep 2 # Docker finishes creating the containers; then they can be removed
+  done
   rm -rf "$dir"
 }
 
@@ -48,15 +59,23 @@ if (((16#$capbnd >> 24 & 1) == 0)) && [[ "$runtime" != strategyjob-runc ]]; then
   exit 1
 fi
 
-mkdir -p "$dir"
+# One directory of this machine that every node mounts at $KIND_SHARED_PATH: a hostPath under it
+# is the same storage for pods on any node (what a ReadWriteMany volume is on a real cluster),
+# so a job whose pods land on different nodes shares its checkpoints. Removed with the cluster.
+mkdir -p "$dir/shared"
+chmod 1777 "$dir/shared"
+node() {
+  printf '  - role: %s\n    extraMounts:\n      - hostPath: %s\n        containerPath: %s\n' \
+    "$1" "$dir/shared" "$KIND_SHARED_PATH"
+}
 {
   cat <<YAML
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 nodes:
-  - role: control-plane
 YAML
-  for _ in $(seq "$workers"); do echo "  - role: worker"; done
+  node control-plane
+  for _ in $(seq "$workers"); do node worker; done
   cat <<'YAML'
 # Without CAP_SYS_RESOURCE no pod sandbox may lower its oom_score_adj (runc fails with "can't
 # get final child's PID from pipe: EOF"): containerd keeps it at the node's own value instead.

@@ -1,6 +1,6 @@
-"""The kind cluster the ``kind`` tests share: made by ``tools/kind`` entirely on this machine
-(control-plane node + one worker), created once per test session (the conftest exposes
-:func:`kind_cluster`) and deleted afterwards, containers and Docker network included, even
+"""The kind cluster the ``kind`` and ``e2e`` tests share: made by ``tools/kind`` entirely on this
+machine (control-plane node + one worker), created once per test session (``tests/conftest.py``
+exposes :func:`kind_cluster`) and deleted afterwards, containers and Docker network included, even
 when a test fails or pytest is interrupted (SIGTERM included). dockerd is stopped only if the
 fixture started it.
 
@@ -27,6 +27,9 @@ from tests.support.control_plane import REPO_ROOT, find_binaries
 
 KIND = REPO_ROOT / "tools" / "kind"
 DOCKERD = REPO_ROOT / "tools" / "images" / "dockerd.sh"
+BUILD_IMAGES = REPO_ROOT / "tools" / "images" / "build.sh"
+#: Where every node mounts the cluster's shared directory (tools/kind/cluster.sh).
+KIND_SHARED_PATH = "/var/strategyjob-shared"
 
 
 def run(argv: list[str], timeout: float, check: bool = True) -> subprocess.CompletedProcess:
@@ -103,6 +106,18 @@ class Cluster:
             return False, "kubectl exec timed out"
         return done.returncode == 0, done.stdout + done.stderr
 
+    @property
+    def shared_dir(self) -> Path:
+        """This machine's side of the directory every node mounts at ``KIND_SHARED_PATH``."""
+        return self.kubeconfig.parent / "shared"
+
+    def load(self, *images: str) -> float:
+        """Load local Docker images into every node (no registry is reachable); returns the
+        seconds it took. The 7.8 GB worker image takes minutes: load each once per cluster."""
+        began = time.monotonic()
+        run(["bash", str(KIND / "load.sh"), self.name, *images], timeout=1200)
+        return time.monotonic() - began
+
     def nodes_by_role(self) -> dict[str, str]:
         """``{"control-plane": name, "worker": name}``."""
         control = "node-role.kubernetes.io/control-plane"
@@ -113,6 +128,17 @@ class Cluster:
         return by_role
 
 
+#: The name of a kind cluster made by ``tools/kind/cluster.sh`` to use instead of a new one.
+ENV_EXISTING = "STRATEGYJOB_KIND_CLUSTER"
+
+
+def _kind_cache() -> Path:
+    """Where tools/kind keeps what it builds and its clusters (as tools/kind/versions.sh)."""
+    if cache := os.environ.get("STRATEGYJOB_KIND_CACHE"):
+        return Path(cache)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strategyjob-kind"
+
+
 def _docker_answers() -> bool:
     try:
         return run(["docker", "info"], timeout=30, check=False).returncode == 0
@@ -120,16 +146,21 @@ def _docker_answers() -> bool:
         return False
 
 
-def _raise_on_sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @pytest.fixture(scope="session")
 def kind_cluster() -> Iterator[Cluster]:
-    """A 2-node kind cluster (Ready), shared by every ``kind`` test of the session."""
+    """A 2-node kind cluster (Ready), shared by every ``kind`` test of the session; with
+    ``STRATEGYJOB_KIND_CLUSTER=NAME``, the one ``tools/kind/cluster.sh create NAME`` made,
+    left as it is afterwards (to iterate without creating a cluster each run)."""
     bin_dir, why = find_binaries()
     if bin_dir is None:
         pytest.skip(f"no kubectl: {why}")
+    if existing := os.environ.get(ENV_EXISTING):
+        kubeconfig = _kind_cache() / "clusters" / existing / "kubeconfig"
+        if not kubeconfig.is_file():
+            pytest.fail(f"{ENV_EXISTING}={existing}: no {kubeconfig}; create the cluster with "
+                        f"`bash tools/kind/cluster.sh create {existing}` or unset it")  # fmt: skip
+        yield Cluster(existing, kubeconfig, str(Path(bin_dir) / "kubectl"), Path(bin_dir))
+        return
     started_dockerd = False
     if not _docker_answers():
         started = run(["bash", str(DOCKERD), "start"], timeout=120, check=False)
@@ -138,8 +169,7 @@ def kind_cluster() -> Iterator[Cluster]:
             pytest.skip(f"Docker cannot run here: tools/images/dockerd.sh start failed: {reason}")
         started_dockerd = True
     name = f"sj-{uuid.uuid4().hex[:8]}"
-    # A SIGTERM to pytest deletes the cluster too (Python's default would just exit).
-    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    # A SIGTERM to pytest deletes the cluster too: tests.support.interrupts makes it unwind.
     try:
         run(["bash", str(KIND / "build.sh")], timeout=2400)
         began = time.monotonic()
@@ -162,4 +192,13 @@ def kind_cluster() -> Iterator[Cluster]:
         finally:
             if started_dockerd:
                 run(["bash", str(DOCKERD), "stop"], timeout=60, check=False)
-            signal.signal(signal.SIGTERM, previous)
+
+
+def project_images() -> tuple[str, str]:
+    """``(operator, worker)`` images of this tree: those ``tools/test.sh`` built and named in
+    ``STRATEGYJOB_IMAGES``, else built now by ``tools/images/build.sh`` (cached: seconds)."""
+    names = [n for n in os.environ.get("STRATEGYJOB_IMAGES", "").split(",") if n]
+    if len(names) != 2:
+        names = run(["bash", str(BUILD_IMAGES)], timeout=3600).stdout.split()
+    operator, worker = names
+    return operator, worker
