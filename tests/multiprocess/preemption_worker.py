@@ -1,20 +1,22 @@
 """A deterministic MultiWorkerMirroredStrategy training script for the preemption tests, run by
 ``strategyjob run`` (one process per worker, restarted as a whole job).
 
-``python preemption_worker.py OUT MODE K [STEPS]``: trains STEPS (default 12) steps of a small
-MLP (fixed seed, step ``s``'s global batch drawn from a generator seeded with ``s``, split by
-worker) through a ``PreemptionCheckpointHandler`` over a ``CheckpointManager`` in ``OUT/ckpt``
+``python preemption_worker.py OUT MODE K [STEPS [PACE]]``: trains STEPS (default 12) steps of a
+small MLP (fixed seed, step ``s``'s global batch drawn from a generator seeded with ``s``, split
+by worker) through a ``PreemptionCheckpointHandler`` over a ``CheckpointManager`` in ``OUT/ckpt``
 that also saves every ``INTERVAL`` steps. On its first attempt (counted in ``OUT/starts-RANK``)
 worker 1 sends itself, before step ``K``: ``sigterm``, SIGTERM; ``sigkill``, SIGKILL (no
-notice); ``none``, nothing; ``mark``: paced steps, and every worker writes its pid to
-``OUT/running-RANK`` once it has run step ``K`` (for tests that signal it, or the launcher,
-from outside). At the end each worker writes its model and optimizer state to
-``OUT/final-RANK.pt`` and prints ``RESULT {json}`` (attempt, first step of the attempt, steps
-run).
+notice); ``none``, nothing; ``mark``: steps paced by PACE seconds (default 0.005), and every
+worker writes its pid to ``OUT/running-RANK`` and prints ``RUNNING K`` once it has run step
+``K`` (for tests that signal it, the launcher or its pod from outside). At the end each worker
+writes its model and optimizer state to ``OUT/final-RANK.pt`` and prints ``RESULT {json}``
+(attempt, first step of the attempt, steps run) and ``STATE <sha256>``, a digest of that state's
+bytes (for tests that only see the workers' logs).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -36,6 +38,7 @@ INTERVAL = 3
 def main() -> None:
     out, mode, kill_step = sys.argv[1], sys.argv[2], int(sys.argv[3])
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else STEPS
+    pace = float(sys.argv[5]) if len(sys.argv) > 5 else 0.005
     rank = int(os.environ["RANK"])
     starts = os.path.join(out, f"starts-{rank}")  # per worker: a shared file would race
     with open(starts, "a") as f:
@@ -98,14 +101,29 @@ def main() -> None:
             os.rename(
                 os.path.join(out, f"running-{rank}.tmp"), os.path.join(out, f"running-{rank}")
             )
+            print(f"RUNNING {s}", flush=True)
         manager.save()  # every INTERVAL steps: what a kill without notice resumes from
         if mode == "mark":
-            time.sleep(0.005)  # pace: leaves a window for a signal from outside
-    torch.save(
-        {"model": model.state_dict(), "optimizer": opt.state_dict()},
-        os.path.join(out, f"final-{rank}.pt"),
-    )
+            time.sleep(pace)  # leaves a window for a signal from outside
+    final = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    torch.save(final, os.path.join(out, f"final-{rank}.pt"))
     print("RESULT " + json.dumps({"attempt": attempt, "first": first, "ran": ran}), flush=True)
+    print(f"STATE {_digest(final)}", flush=True)
+
+
+def _digest(final: dict) -> str:
+    """sha256 over the parameters', momenta's and param groups' exact bytes, in a fixed order:
+    equal digests mean bit-identical states."""
+    h = hashlib.sha256()
+    tensors = list(final["model"].items()) + [
+        (f"momentum/{i}", s["momentum_buffer"])
+        for i, s in sorted(final["optimizer"]["state"].items())
+    ]
+    for name, t in tensors:
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+        h.update(bytes(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).tolist()))
+    h.update(json.dumps(final["optimizer"]["param_groups"], sort_keys=True).encode())
+    return h.hexdigest()
 
 
 if __name__ == "__main__":
