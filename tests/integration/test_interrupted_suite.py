@@ -99,6 +99,7 @@ class Inner:
         self.ready = tmp_path / "ready.json"
         self.log = tmp_path / "inner.log"
         environment = child_env(INNER_READY_FILE=str(self.ready), **env)
+        environment.pop("STRATEGYJOB_KIND_CLUSTER", None)  # the inner run makes its own cluster
         environment["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), environment["PYTHONPATH"]])
         argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
         argv += [f"--rootdir={REPO_ROOT}", "-c", str(REPO_ROOT / "pyproject.toml")]

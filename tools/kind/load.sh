@@ -18,6 +18,11 @@ name="${1:-}"
 shift
 kind="$KIND_CACHE/bin/kind-$KIND_VERSION/kind"
 [[ -x "$kind" ]] || { echo "no kind binary at $kind: run tools/kind/build.sh first" >&2; exit 1; }
+# One load at a time per cluster: a second waits for the first, then finds the images there.
+if [[ -d "$KIND_CACHE/clusters/$name" ]]; then
+  exec 9>"$KIND_CACHE/clusters/$name/load.lock"
+  flock 9
+fi
 declare -A ids
 for image in "$@"; do
   ids[$image]="$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null)" ||
