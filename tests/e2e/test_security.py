@@ -6,6 +6,7 @@ lets through. The job's own chief is served throughout."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -84,8 +85,6 @@ def job(name: str, strategy: str, specs: dict[str, tuple[int, list[str], dict[st
 
 def _token_of(ns: Namespace, pod: str) -> str:
     """The token the pod's container gets from its job's Secret (as the kubelet reads it)."""
-    import base64
-
     container = ns.pod(pod).spec.containers[0]
     ref = next(e for e in container.env if e.name == "STRATEGYJOB_TOKEN").value_from.secret_key_ref
     secret = ns.cluster.core.read_namespaced_secret(ref.name, ns.name)
