@@ -53,6 +53,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the shared test support: control-plane binaries, launcher runs
+from tests.support.control_plane import find_binaries  # noqa: E402
+from tests.support.processes import start_strategyjob_run, stop  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "digits_mwms"
 GROUP, VERSION, PLURAL = "strategyjob.dev", "v1alpha1", "strategyjobs"
 JOB_LABEL = "strategyjob.dev/job-name"
@@ -89,9 +93,9 @@ def kind_manifest(epochs: int, checkpoints: str, image: str | None) -> dict[str,
     return manifest
 
 
-def local_manifest(epochs: int, workdir: Path) -> Path:
-    """job.yaml with ``epochs``, written to ``workdir`` (train.py by its absolute path, the
-    checkpoints under ``workdir``); returns its path."""
+def local_manifest(epochs: int, workdir: Path) -> dict[str, Any]:
+    """job.yaml with ``epochs`` (train.py by its absolute path, the checkpoints under
+    ``workdir``)."""
     manifest = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
     for spec in manifest["spec"]["replicaSpecs"].values():
         container = training_container(spec["template"]["spec"])
@@ -104,27 +108,24 @@ def local_manifest(epochs: int, workdir: Path) -> Path:
                 "CHECKPOINT_DIR": f"{workdir}/checkpoints/$(STRATEGYJOB_JOB_NAME)",
             },
         )
-    path = workdir / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    return path
+    return manifest
 
 
 # --- strategyjob run -------------------------------------------------------------------------
 def run_local(epochs: int, timeout: float) -> dict[str, float]:
     """One ``strategyjob run``: total seconds and its phases, from when its lines arrived."""
     with tempfile.TemporaryDirectory(prefix="bench-apply-") as tmp:
-        path = local_manifest(epochs, Path(tmp))
-        argv = [sys.executable, "-m", "strategyjob", "run", str(path), "--no-status"]
+        manifest = local_manifest(epochs, Path(tmp))
         marks: dict[str, float] = {}
         in_sync: list[float] = []
         tail: collections.deque[str] = collections.deque(maxlen=20)
         start = time.monotonic()
-        proc = subprocess.Popen(
-            argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
+        proc = start_strategyjob_run(
+            manifest, Path(tmp), cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
         )  # fmt: skip
-        # Past the deadline its group is killed, which ends the read loop below.
-        watchdog = threading.Timer(timeout, kill_group, (proc.pid,))
+        # Past the deadline it is stopped, which ends the read loop below.
+        watchdog = threading.Timer(timeout, stop_launcher, (proc,))
         watchdog.start()
         try:
             for line in proc.stdout:  # type: ignore[union-attr]
@@ -137,7 +138,7 @@ def run_local(epochs: int, timeout: float) -> dict[str, float]:
             code = proc.wait(timeout=60)
         finally:
             watchdog.cancel()
-            stop(proc)
+            stop_launcher(proc)
         total = time.monotonic() - start
         if code != 0:
             why = f"killed after {timeout:.0f}s" if total >= timeout else f"exited {code}"
@@ -148,22 +149,16 @@ def run_local(epochs: int, timeout: float) -> dict[str, float]:
         return marks
 
 
-def kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # it had ended
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """End the launcher (it stops its replicas on SIGTERM), then anything left of its group."""
+def stop_launcher(proc: subprocess.Popen) -> None:
+    """SIGTERM first: the launcher stops its replicas, each in a session of its own, which
+    killing its session would not reach; then whatever is left of its session."""
     if proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            proc.wait()
+            pass
+    stop(proc)
 
 
 # --- the cluster -----------------------------------------------------------------------------
@@ -347,17 +342,6 @@ class OwnCluster:
         )
 
 
-def control_plane_bin() -> Path:
-    """kubectl and helm: ``K8S_BIN_DIR``, else the cached control-plane build."""
-    if os.environ.get("K8S_BIN_DIR"):
-        return Path(os.environ["K8S_BIN_DIR"])
-    out = subprocess.run(
-        ["bash", "tools/k8s/build-control-plane.sh"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True,
-    )  # fmt: skip
-    return Path(out.stdout.strip().splitlines()[-1])
-
-
 # --- report ----------------------------------------------------------------------------------
 KIND_PHASES = [
     ("kubectl apply (until it returned)", None, "applied"),
@@ -411,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # SIGTERM ends it like Ctrl-C: through the finally clauses that stop what it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    bin_dir = control_plane_bin()
+    bin_dir, why = find_binaries()
+    if bin_dir is None:
+        print(f"no kubectl and helm: {why}", file=sys.stderr)
+        return 2
     own: OwnCluster | None = None
     try:
         if args.kubeconfig is None:
