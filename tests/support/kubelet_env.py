@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-_VAR_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _FIELD_LABEL = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 
 Lookup = Callable[[str, str, str], dict[str, str] | None]
@@ -24,12 +23,34 @@ class ConfigError(Exception):
 
 
 def expand(text: str, variables: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)``: defined variables are replaced, others stay, ``$$`` is ``$``."""
-
-    def replace(m: re.Match[str]) -> str:
-        return "$" if m.group(1) is None else variables.get(m.group(1), m.group(0))
-
-    return _VAR_REFERENCE.sub(replace, text)
+    """Kubernetes' ``$(VAR)`` expansion of an env value (the kubelet's
+    ``third_party/forked/golang/expansion.Expand``), written out character by character:
+    ``$$`` gives ``$``; ``$(NAME)`` gives NAME's value when it is defined, else stays as
+    written; ``$(`` without a closing parenthesis, and ``$`` before anything else, stay."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] != "$" or i + 1 == len(text):
+            out.append(text[i])
+            i += 1
+            continue
+        rest = text[i + 1 :]
+        if rest[0] == "$":
+            out.append("$")
+            i += 2
+        elif rest[0] == "(":
+            close = rest.find(")")
+            if close == -1:
+                out.append("$(")
+                i += 2
+            else:
+                name = rest[1:close]
+                out.append(variables.get(name, f"$({name})"))
+                i += 1 + close + 1
+        else:
+            out.append("$" + rest[0])
+            i += 2
+    return "".join(out)
 
 
 def parse_quantity(text: str) -> float:

@@ -13,51 +13,16 @@ import pytest
 from strategyjob import jobspec
 from strategyjob.jobspec import load_manifest
 
-
-def kubelet_expand(text: str, defined: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion of an env value (the kubelet's
-    ``third_party/forked/golang/expansion.Expand``), written out character by character:
-    ``$$`` gives ``$``; ``$(NAME)`` gives NAME's value when it is defined, else stays as
-    written; ``$(`` without a closing parenthesis, and ``$`` before anything else, stay."""
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        if text[i] != "$" or i + 1 == len(text):
-            out.append(text[i])
-            i += 1
-            continue
-        rest = text[i + 1 :]
-        if rest[0] == "$":
-            out.append("$")
-            i += 2
-        elif rest[0] == "(":
-            close = rest.find(")")
-            if close == -1:
-                out.append("$(")
-                i += 2
-            else:
-                name = rest[1:close]
-                out.append(defined.get(name, f"$({name})"))
-                i += 1 + close + 1
-        else:
-            out.append("$" + rest[0])
-            i += 2
-    return "".join(out)
+from tests.support.kubelet_env import container_env
+from tests.support.kubelet_env import expand as kubelet_expand
 
 
 def kubelet_env(entries: list[dict[str, Any]], config_maps: Mapping[str, Mapping[str, str]]):
     """The container's environment from ``entries``, in order, as the kubelet makes it:
     ``configMapKeyRef`` read from ``config_maps``, each ``value`` expanded against the
     variables defined before it."""
-    defined: dict[str, str] = {}
-    for entry in entries:
-        source = entry.get("valueFrom")
-        if source is None:
-            defined[entry["name"]] = kubelet_expand(entry["value"], defined)
-        else:
-            ref = source["configMapKeyRef"]
-            defined[entry["name"]] = config_maps[ref["name"]][ref["key"]]
-    return defined
+    pod = {"metadata": {"namespace": "ns"}, "spec": {}}
+    return container_env(pod, {"env": entries}, lambda kind, ns, name: config_maps.get(name))
 
 
 def test_the_expansion_is_kubernetes():
