@@ -189,29 +189,6 @@ def call_key(event: dict[str, Any]) -> tuple[str, str, str]:
     return (ref.get("apiGroup", ""), resource, event["verb"])
 
 
-def write_token_kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
-    """A kubeconfig that authenticates with ``token`` (e.g. a ServiceAccount's)."""
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "local",
-                        "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_path)},
-                    }
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
-                "current-context": "sa",
-            }
-        )
-    )
-    path.chmod(0o600)
-    return path
-
-
 #: What an operator does first in a watched namespace: a 403 on any of these in its log means
 #: it started before its RBAC took effect, not that the chart lacks a rule.
 FIRST_CALLS = (
@@ -307,7 +284,7 @@ def chart_account(
         cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
         (account,) = [d["metadata"]["name"] for d in rbac if d["kind"] == "ServiceAccount"]
         token = cp.kubectl("create", "token", account, "-n", system, "--duration=1h").stdout
-        kubeconfig = write_token_kubeconfig(cp, token.strip(), work / "sa-kubeconfig")
+        kubeconfig = cp.write_kubeconfig(work / "sa-kubeconfig", {"token": token.strip()})
         user = f"system:serviceaccount:{system}:{account}"
         wait_until_authorized(cp, user, watched)
         yield ChartAccount(rbac, user, kubeconfig)

@@ -26,7 +26,6 @@ from helm_harness import (
     call_key,
     only,
     wait_until_authorized,
-    write_token_kubeconfig,
 )
 from integration_harness import Kube, manifest, wait_for
 from operator_api_calls import calls_for
@@ -318,7 +317,7 @@ def start_chart_operators(
     account's RBAC is in effect in (one of) the ``watched`` namespace(s)."""
     account = f"{release}-strategyjob-operator"
     token = service_account_token(cp, namespace, account)
-    kubeconfig = write_token_kubeconfig(cp, token, tmp_path / "sa-kubeconfig")
+    kubeconfig = cp.write_kubeconfig(tmp_path / "sa-kubeconfig", {"token": token})
     wait_until_authorized(cp, f"system:serviceaccount:{namespace}:{account}", watched)
     for i in range(count):
         ports = (

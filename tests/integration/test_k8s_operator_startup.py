@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.support.certs import self_signed_ca
 from tests.support.control_plane import REPO_ROOT, ControlPlane, free_port
@@ -31,21 +30,9 @@ EXIT_WITHIN = 60.0
 
 
 def _kubeconfig(cp: ControlPlane, user: dict[str, Any], **cluster: Any) -> Path:
-    cluster = {"server": cp.server, "certificate-authority": str(cp.ca_path), **cluster}
-    path = cp.dir / f"kubeconfig-startup-{uuid.uuid4().hex[:6]}"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": cluster}],
-                "users": [{"name": "u", "user": user}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
+    return cp.write_kubeconfig(
+        cp.dir / f"kubeconfig-startup-{uuid.uuid4().hex[:6]}", user, **cluster
     )
-    return path
 
 
 class Operator:

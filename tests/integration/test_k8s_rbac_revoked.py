@@ -6,34 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 from integration_harness import Kube, OperatorProcess, manifest
 
 from tests.support.control_plane import ControlPlane
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _kubeconfig(cp: ControlPlane, token: str, path: Path) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_path)},
-            }
-        ],
-        "users": [{"name": "op", "user": {"token": token}}],
-        "contexts": [{"name": "op", "context": {"cluster": "local", "user": "op"}}],
-        "current-context": "op",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 def _may_get_jobs(cp: ControlPlane, user: str, namespace: str) -> bool:
@@ -74,7 +53,7 @@ def test_the_operator_stops_with_one_line_when_its_rbac_is_revoked(
     try:
         _until("the binding in effect", lambda: _may_get_jobs(cp, user, kube.ns), 30)
         token = cp.kubectl("create", "token", "op", "-n", kube.ns, "--duration=1h").stdout
-        config = _kubeconfig(cp, token.strip(), cp.dir / f"kubeconfig-{kube.ns}")
+        config = cp.write_kubeconfig(cp.dir / f"kubeconfig-{kube.ns}", {"token": token.strip()})
         op = OperatorProcess(
             cp,
             "--standalone",

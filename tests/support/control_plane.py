@@ -7,6 +7,7 @@ come from ``tools/k8s/build-control-plane.sh`` (directory in ``K8S_BIN_DIR``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tests.support.ports import free_port
 
@@ -142,15 +144,7 @@ class ControlPlane:
         except BaseException:  # KeyboardInterrupt (Ctrl-C, SIGTERM) too: nothing outlives it
             self.stop()
             raise
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\n"
-            "clusters:\n- name: local\n  cluster:\n"
-            f"    server: '{self.server}'\n    certificate-authority: '{self.ca_path}'\n"
-            f"users:\n- name: admin\n  user:\n    token: '{self.token}'\n"
-            "contexts:\n- name: local\n"
-            "  context: {cluster: local, user: admin, namespace: default}\n"
-            "current-context: local\n"
-        )
+        self.write_kubeconfig(self.kubeconfig, {"token": self.token})
         if self.controllers:
             common = (f"--kubeconfig={self.kubeconfig}", "--leader-elect=false")
             self._spawn(
@@ -222,6 +216,31 @@ class ControlPlane:
                 why = last or "no condition yet"
                 raise RuntimeError(f"CRD {pending[0]} not Established after {timeout:.0f} s: {why}")
             time.sleep(0.2)  # polling a condition with a deadline
+
+    def write_kubeconfig(self, path: Path, user: dict[str, Any], **cluster: Any) -> Path:
+        """A kubeconfig for this API server at ``path`` (owner-only), whose user entry is
+        ``user`` (``{"token": ...}``: the admin's, a ServiceAccount's) and whose cluster entry
+        has ``cluster`` over the server and CA (e.g. ``insecure-skip-tls-verify``)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.ca_path),
+                        **cluster,
+                    },
+                }
+            ],
+            "users": [{"name": "user", "user": user}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+            "current-context": "local",
+        }
+        path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+        path.chmod(0o600)
+        return path
 
     def stop(self, keep_dir: bool = False) -> None:
         """SIGTERM to every process, SIGKILL to those still running 3 s later, or at once
