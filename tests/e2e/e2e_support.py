@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from tests.support.kind import run
 from tests.support.waiting import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -209,12 +210,7 @@ class Namespace:
 
 def _in_node(node: str, *command: str) -> str:
     """``command`` run in a kind node (a Docker container named after the node)."""
-    done = subprocess.run(
-        ["docker", "exec", node, *command], capture_output=True, text=True, timeout=60
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} in node {node} failed: {done.stderr}")
-    return done.stdout
+    return run(["docker", "exec", node, *command], timeout=60).stdout
 
 
 def worker_image() -> str:

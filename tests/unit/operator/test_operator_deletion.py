@@ -65,6 +65,18 @@ class _Never:
         return False
 
 
+def _install(
+    monkeypatch: pytest.MonkeyPatch, reconciler: Any, settings: OperatorSettings | None = None
+) -> handlers._State:
+    """The handlers' module state, with ``reconciler`` (and ``settings``), for this test."""
+    state = handlers._State()
+    if settings is not None:
+        state.settings = settings
+    state.reconciler = reconciler
+    monkeypatch.setattr(handlers, "STATE", state)
+    return state
+
+
 async def _until(what: str, predicate: Any, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
@@ -76,10 +88,8 @@ async def _until(what: str, predicate: Any, timeout: float = 10.0) -> None:
 def test_a_jobs_daemon_ends_when_the_job_is_deleted_or_replaced_by_a_namesake(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    state = handlers._State()
     reconciler = _Reconciler()
-    state.reconciler = reconciler  # type: ignore[assignment]
-    monkeypatch.setattr(handlers, "STATE", state)
+    state = _install(monkeypatch, reconciler)
 
     async def scenario() -> None:
         first = asyncio.create_task(
@@ -149,10 +159,9 @@ def test_a_pass_that_reads_the_job_gone_ends_its_daemon_without_a_deleted_event(
     reads it gone (404, or a namesake's uid) and the daemon ends, its state freed."""
     api = FakeApi(_job("u1"))
     api.refuse = ApiError(403, "POST", "/api/v1/namespaces/ns/services", '{"message": "no"}')
-    state = handlers._State()
-    state.settings = OperatorSettings(metrics_port=None)
-    reconciler = state.reconciler = Reconciler(api, state.settings, registry=Registry())
-    monkeypatch.setattr(handlers, "STATE", state)
+    settings = OperatorSettings(metrics_port=None)
+    reconciler = Reconciler(api, settings, registry=Registry())
+    state = _install(monkeypatch, reconciler, settings)
 
     async def scenario() -> None:
         daemon = asyncio.create_task(
@@ -176,11 +185,10 @@ def test_a_daemon_with_nothing_due_still_reads_its_job_now_and_then(
 ) -> None:
     """A finished job's daemon has no timer and may get no event: it passes anyway every
     ``idle_check_seconds``, so a deletion whose event was lost ends it."""
-    state = handlers._State()
-    state.settings = OperatorSettings(metrics_port=None, idle_check_seconds=0.2)
     reconciler = _Reconciler()
-    state.reconciler = reconciler  # type: ignore[assignment]
-    monkeypatch.setattr(handlers, "STATE", state)
+    state = _install(
+        monkeypatch, reconciler, OperatorSettings(metrics_port=None, idle_check_seconds=0.2)
+    )
 
     async def scenario() -> None:
         daemon = asyncio.create_task(
