@@ -55,7 +55,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the shared test support: control-plane binaries, launcher runs
 from tests.support.control_plane import find_binaries  # noqa: E402
-from tests.support.processes import start_strategyjob_run, stop  # noqa: E402
+from tests.support.processes import start_strategyjob_run, stop_strategyjob_run  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "digits_mwms"
 GROUP, VERSION, PLURAL = "strategyjob.dev", "v1alpha1", "strategyjobs"
@@ -125,7 +125,7 @@ def run_local(epochs: int, timeout: float) -> dict[str, float]:
             text=True,
         )  # fmt: skip
         # Past the deadline it is stopped, which ends the read loop below.
-        watchdog = threading.Timer(timeout, stop_launcher, (proc,))
+        watchdog = threading.Timer(timeout, stop_strategyjob_run, (proc,))
         watchdog.start()
         try:
             for line in proc.stdout:  # type: ignore[union-attr]
@@ -138,7 +138,7 @@ def run_local(epochs: int, timeout: float) -> dict[str, float]:
             code = proc.wait(timeout=60)
         finally:
             watchdog.cancel()
-            stop_launcher(proc)
+            stop_strategyjob_run(proc)
         total = time.monotonic() - start
         if code != 0:
             why = f"killed after {timeout:.0f}s" if total >= timeout else f"exited {code}"
@@ -147,18 +147,6 @@ def run_local(epochs: int, timeout: float) -> dict[str, float]:
             marks["in sync"] = max(in_sync)  # the last worker's
         marks["total"] = total
         return marks
-
-
-def stop_launcher(proc: subprocess.Popen) -> None:
-    """SIGTERM first: the launcher stops its replicas, each in a session of its own, which
-    killing its session would not reach; then whatever is left of its session."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
-    stop(proc)
 
 
 # --- the cluster -----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from bench_mwms import SDK, _results, _spawn_all
 from strategyjob.launcher import free_ports
 
 from tests.support.manifests import preemptible_workers
-from tests.support.processes import start_strategyjob_run, stop
+from tests.support.processes import start_strategyjob_run, stop_strategyjob_run
 
 
 def _args() -> argparse.Namespace:
@@ -236,7 +236,7 @@ def preemption(args: argparse.Namespace) -> None:
             resumed = max(_wait_for("the resumed steps", lambda: _read_all(out, "resumed", float)))
             code = launcher.wait(timeout=300)
         finally:
-            stop(launcher)
+            stop_strategyjob_run(launcher)
     if code != 0:
         sys.exit(f"strategyjob run exited {code}")
     start_to_step = first_step - started

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.support.manifests import preemptible_workers
-from tests.support.processes import start_strategyjob_run, stop
+from tests.support.processes import start_strategyjob_run, stop_strategyjob_run
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
@@ -45,7 +45,7 @@ def _finish(launcher: subprocess.Popen[str], timeout: float = 280) -> tuple[int,
     try:
         output = launcher.communicate(timeout=timeout)[0]
     finally:
-        stop(launcher)
+        stop_strategyjob_run(launcher)
     return launcher.returncode, output
 
 

@@ -83,10 +83,23 @@ def start_strategyjob_run(
     manifest: Mapping[str, Any], directory: Path, **popen: Any
 ) -> subprocess.Popen[Any]:
     """Write ``manifest`` to ``directory/job.yaml`` and start ``strategyjob run`` on it in a
-    session of its own (:func:`stop` ends it with its replicas), CPU only; ``popen``: where
-    its output goes."""
+    session of its own (:func:`stop_strategyjob_run` ends it with its replicas), CPU only;
+    ``popen``: where its output goes."""
     path = directory / "job.yaml"
     path.write_text(yaml.safe_dump(dict(manifest), sort_keys=False))
     argv = [sys.executable, "-m", "strategyjob", "run", str(path), "--no-status"]
     env = child_env(CUDA_VISIBLE_DEVICES="")
     return subprocess.Popen(argv, env=env, start_new_session=True, **popen)
+
+
+def stop_strategyjob_run(proc: subprocess.Popen[Any], grace: float = 30) -> None:
+    """End a ``strategyjob run`` that may still run: SIGTERM first, so that it stops its
+    replicas, each in a session of its own that killing its session would not reach; past
+    ``grace`` seconds, its session is killed."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+    stop(proc)
