@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import sys
 import time
+from typing import Any
 
 import aiohttp
 import kopf
@@ -159,6 +161,27 @@ def peering_priority(priority: int | None, *, standalone: bool) -> int:
     return 0 if standalone else random.randrange(1, 2**31)
 
 
+async def operate(**kopf_args: Any) -> None:
+    """``kopf.operator`` until SIGTERM, SIGINT or :func:`handlers.give_up` stops it. kopf
+    waits for a ``concurrent.futures.Future`` stop flag in a thread of the loop's default
+    executor, and that thread never ends when a signal stops kopf: ``asyncio.run`` then
+    waits for it forever at exit, until the kubelet's SIGKILL. So kopf gets a flag of this
+    loop, set from ``handlers.STATE.stop_flag``, which ``give_up`` may set from any thread."""
+    loop = asyncio.get_running_loop()
+    stop: asyncio.Future[None] = loop.create_future()
+
+    def raise_stop() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    def relay(_: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to stop
+            loop.call_soon_threadsafe(raise_stop)
+
+    handlers.STATE.stop_flag.add_done_callback(relay)  # at once when it is set already
+    await kopf.operator(stop_flag=stop, **kopf_args)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m strategyjob_operator", description=__doc__)
     scope = parser.add_mutually_exclusive_group()
@@ -193,15 +216,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     preflight()
     try:
-        kopf.run(
-            stop_flag=handlers.STATE.stop_flag,
-            standalone=args.standalone,
-            peering_name=None if args.standalone else args.peering,
-            priority=peering_priority(args.priority, standalone=args.standalone),
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            liveness_endpoint=args.liveness,
+        asyncio.run(
+            operate(
+                standalone=args.standalone,
+                peering_name=None if args.standalone else args.peering,
+                priority=peering_priority(args.priority, standalone=args.standalone),
+                clusterwide=not args.namespace,
+                namespaces=args.namespace,
+                liveness_endpoint=args.liveness,
+            )
         )
+    except asyncio.CancelledError:  # as kopf.run: a stop that cancelled the operator
+        pass
     except Exception:
         if not handlers.STATE.fatal:
             raise

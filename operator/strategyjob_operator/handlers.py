@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -187,7 +188,8 @@ def wake(namespace: str | None, name: str | None) -> None:
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     try:
         STATE.settings = settings_from_env()
-    except ValueError as e:  # a bad setting: say which, once, and stop
+    except ValueError as e:  # a bad setting: say which, and stop (kopf alone would hang)
+        give_up(str(e))
         raise kopf.PermanentError(str(e)) from None
     give_up_on_kopfs_forbidden_requests()
     settings.posting.enabled = False  # the reconciler posts its own Events, not log lines
@@ -270,11 +272,17 @@ def one_line(error: BaseException) -> str:
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
+    """Close the API client and the metrics server, and raise the stop flag: after SIGTERM
+    or SIGINT kopf leaves its task that waits for that flag pending, then waits 5 s for it
+    (a "hung" task) before it exits, which a rolling upgrade would wait for."""
     if STATE.reconciler is not None:
         await STATE.reconciler.api.close()
     if STATE.metrics_server is not None:
         STATE.metrics_server.shutdown()
         STATE.metrics_server = None
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # give_up raced us
+        if not STATE.stop_flag.done():
+            STATE.stop_flag.set_result(None)
 
 
 def jobs_to_wake(labels: Mapping[str, str], meta: Mapping[str, Any] | None) -> set[str]:

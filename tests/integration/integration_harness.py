@@ -15,6 +15,10 @@ from typing import Any
 from tests.support.control_plane import REPO_ROOT, ControlPlane, free_port
 from tests.support.waiting import wait_for
 
+#: Seconds :meth:`OperatorProcess.stop` waits for the operator to exit before it kills it:
+#: about 1 s alone, more on a loaded machine.
+STOP_WITHIN = 10.0
+
 
 class OperatorProcess:
     """The operator in its own process, as it runs in a cluster."""
@@ -52,10 +56,12 @@ class OperatorProcess:
             self.proc.wait(10)
 
     def stop(self) -> None:
+        """SIGINT, as a terminal's Ctrl-C; SIGKILL if it has not exited within
+        :data:`STOP_WITHIN` (it takes about 1 s: test_k8s_operator_shutdown.py bounds it)."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(15)
+                self.proc.wait(STOP_WITHIN)
             except subprocess.TimeoutExpired:
                 self.kill()
 
