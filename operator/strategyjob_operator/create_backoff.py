@@ -3,6 +3,7 @@ may pass later, long for what cannot pass as it is) and the CreateFailed conditi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -46,6 +47,9 @@ class CreateBackoff:
     attempts: int
     next_at: datetime
     permanent: bool
+    for_quota: bool = False
+    """It waits for a ResourceQuota to free room: the quota's update ends the wait
+    (:func:`released`), which is then only a fallback."""
 
     @property
     def confirmed(self) -> bool:
@@ -59,10 +63,13 @@ def after_create_failure(
     status: int | None,
     detail: str,
     now: datetime,
+    *,
+    for_quota: bool = False,
 ) -> CreateBackoff:
     """The backoff after a failed creation: a retryable error waits 5 s, then 10, 20, ... up
     to 5 min; a permanent one waits 5 s the first time, then
-    :data:`CREATE_PERMANENT_RETRY_SECONDS`. A new spec generation starts over."""
+    :data:`CREATE_PERMANENT_RETRY_SECONDS`. A new spec generation starts over. ``for_quota``:
+    the creation waits for a ResourceQuota (:attr:`CreateBackoff.for_quota`)."""
     attempts = 1
     if previous is not None and previous.generation == generation:
         attempts = previous.attempts + 1
@@ -71,7 +78,24 @@ def after_create_failure(
         delay = CREATE_PERMANENT_RETRY_SECONDS
     else:
         delay = min(CREATE_BACKOFF_SECONDS * 2 ** min(attempts - 1, 30), CREATE_BACKOFF_MAX_SECONDS)
-    return CreateBackoff(generation, attempts, now + timedelta(seconds=delay), permanent)
+    return CreateBackoff(
+        generation, attempts, now + timedelta(seconds=delay), permanent, for_quota and not permanent
+    )
+
+
+def released(backoff: CreateBackoff, now: datetime) -> CreateBackoff:
+    """``backoff`` with its wait over at ``now``: a quota freed room, so the next pass checks
+    again at once. Its attempts are kept: if the room is still too small, the wait after that
+    check is the one the back-off was at (and doubles), as before."""
+    return dataclasses.replace(backoff, next_at=min(backoff.next_at, now))
+
+
+def quota_waiters(
+    backoffs: Mapping[tuple[str, str, str], CreateBackoff], namespace: str
+) -> list[tuple[str, str, str]]:
+    """The jobs (keys ``(namespace, name, uid)``) of ``namespace`` whose creation waits for a
+    ResourceQuota to free room: those to wake when one of its quotas does."""
+    return sorted(key for key, b in backoffs.items() if key[0] == namespace and b.for_quota)
 
 
 def create_hold(backoff: CreateBackoff | None, generation: int, now: datetime) -> float | None:

@@ -55,6 +55,8 @@ from strategyjob_operator.create_backoff import (
     create_failed_message,
     create_hold,
     permanent_create_error,
+    quota_waiters,
+    released,
     with_create_failure,
 )
 from strategyjob_operator.draft import Draft
@@ -118,6 +120,8 @@ __all__ = [
     "parse_indexes",
     "parse_time",
     "permanent_create_error",
+    "quota_waiters",
+    "released",
     "restart_attempt",
     "seconds_since",
     "timestamp",

@@ -62,6 +62,8 @@ class _State:
         self.stop_flag: concurrent.futures.Future[None] = concurrent.futures.Future()
         #: Why the operator gave up, for ``__main__`` to print once kopf has stopped.
         self.fatal: str | None = None
+        #: The room of each ResourceQuota seen, per (namespace, name) (:func:`quota_changed`).
+        self.quotas: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 STATE = _State()
@@ -201,6 +203,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf lists what exists before it watches: a page at a time, so that an operator started
     # beside large jobs (up to 1000 pods each) never holds them all.
     settings.watching.chunk_size = LIST_PAGE_SIZE
+    if STATE.settings.gang_scheduler is not None:
+        watch_resource_quotas()
     port = STATE.settings.metrics_port
     if port is not None and STATE.metrics_server is None:
         STATE.metrics_server = metrics.serve(port)
@@ -385,6 +389,53 @@ async def run_job(
             del STATE.wakeups[key]
         if gone and STATE.reconciler is not None:
             STATE.reconciler.forget(namespace, name, uid)
+
+
+# --- ResourceQuotas: a gang that waits for quota starts as soon as one frees room ------------
+
+
+async def quota_changed(
+    *, namespace: str | None, name: str, body: kopf.Body, type: str | None, **_: Any
+) -> None:
+    """A ResourceQuota's event (watched only with a gang scheduler, see
+    :func:`watch_resource_quotas`): when it freed room (:func:`gang.quota_freed`), wake the
+    namespace's jobs that wait for quota, past their creation back-off (up to 5 min). It is
+    the quota's own update that wakes them, not the deletion of the pods that held the room:
+    the quota controller updates ``status.used`` after those, and a check before it would
+    still see the old usage."""
+    if namespace is None:
+        return
+    key = (namespace, name)
+    before = STATE.quotas.get(key)
+    after = None if type == "DELETED" else gang.quota_room(body)
+    if after is None:
+        STATE.quotas.pop(key, None)
+    else:
+        STATE.quotas[key] = after
+    reconciler = STATE.reconciler
+    if reconciler is None or not gang.quota_freed(before, after):
+        return
+    woken = reconciler.wake_quota_waiters(namespace)
+    if woken:
+        logger.info(
+            "ResourceQuota %s/%s freed room: waking %s, waiting for quota",
+            namespace,
+            name,
+            ", ".join(woken),
+        )
+    for job in woken:
+        wake(namespace, job)
+
+
+def watch_resource_quotas(registry: kopf.OperatorRegistry | None = None) -> None:
+    """Register :func:`quota_changed` (once). Only an operator with a gang scheduler watches
+    ResourceQuotas (from :func:`configure`, before kopf looks at what to watch): only then
+    does the chart grant it, and a watch the API server forbids stops the operator
+    (:class:`_GiveUpOnForbidden`)."""
+    registry = registry or kopf.get_default_registry()
+    if any(h.fn is quota_changed for h in registry._watching.get_all_handlers()):
+        return
+    kopf.on.event("", "v1", "resourcequotas", registry=registry)(quota_changed)
 
 
 def no_finalizer_for_daemons(registry: Any = None) -> None:

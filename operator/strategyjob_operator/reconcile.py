@@ -13,6 +13,7 @@ import logging
 import random
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -235,6 +236,9 @@ class Reconciler:
         self._unknown_seen: dict[JobKey, dict[str, str]] = {}
         #: Per job, when to try again to create what the API server refused.
         self._create_backoff: dict[JobKey, decide.CreateBackoff] = {}
+        #: Per namespace, how many times one of its ResourceQuotas freed room
+        #: (:meth:`wake_quota_waiters`): a pass that saw a quota before it freed room knows.
+        self._quota_frees: Counter[str] = Counter()
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """Free what the reconciler keeps about a job, once its loop ends (the job deleted):
@@ -242,6 +246,18 @@ class Reconciler:
         key = (namespace, name, uid)
         self._unknown_seen.pop(key, None)
         self._create_backoff.pop(key, None)
+
+    def wake_quota_waiters(self, namespace: str) -> list[str]:
+        """A ResourceQuota of ``namespace`` freed room: end the creation back-off of its jobs
+        that wait for quota, so that their next pass (the caller wakes them) checks the
+        quotas again at once; returns their names. A pass that read the quotas just before
+        the room freed ends the wait it starts too (:meth:`_note_creation`)."""
+        self._quota_frees[namespace] += 1
+        now = self.clock()
+        waiting = decide.quota_waiters(self._create_backoff, namespace)
+        for key in waiting:
+            self._create_backoff[key] = decide.released(self._create_backoff[key], now)
+        return [name for _, name, _ in waiting]
 
     def remembered(self) -> set[JobKey]:
         """The jobs the reconciler keeps state about (what :meth:`forget` frees)."""
@@ -308,6 +324,7 @@ class Reconciler:
         lost_wait = await self._force_delete_lost(namespace, replicas, now, extra_events)
         generation = job_obj["metadata"].get("generation", 0)
         hold = decide.create_hold(self._create_backoff.get(key), generation, now)
+        quota_frees = self._quota_frees[namespace]  # a quota freeing room from here on ends a wait
         if hold is not None and (plan.create or plan.ensure_service):
             plan, retry = dataclasses.replace(plan, create=(), ensure_service=False), hold
         #: What could not be created this pass (setup objects, pods) and why.
@@ -357,7 +374,7 @@ class Reconciler:
                 extra_events.extend([event] if event is not None else [])
 
         plan_status, create_retry = self._note_creation(
-            key, generation, plan, create_error, now, extra_events
+            key, generation, plan, create_error, now, extra_events, quota_frees
         )
         if create_retry is not None:
             retry = min(retry or create_retry, create_retry)
@@ -596,11 +613,14 @@ class Reconciler:
         error: tuple[str, str, BaseException] | None,
         now: datetime,
         events: list[decide.Event],
+        quota_frees: int = 0,
     ) -> tuple[dict[str, Any], float | None]:
         """The plan's status with the CreateFailed condition: set with the API server's
         answer when ``error`` failed twice in a row (one Event per distinct message), the
         backoff started or continued; cleared once this pass created what it had to.
-        Returns the status and the seconds until the next attempt (None: no failure)."""
+        Returns the status and the seconds until the next attempt (None: no failure).
+        ``quota_frees``: the namespace's count of quotas freeing room when the pass read
+        them; a wait for quota started after one freed room since is over at once."""
         if error is None:
             if not (plan.create or plan.ensure_service):
                 return plan.status, None  # held back, or nothing to create
@@ -611,11 +631,15 @@ class Reconciler:
         reason, what, exc = error
         code = exc.status if isinstance(exc, ApiError) else None
         detail = exc.detail if isinstance(exc, ApiError) else str(exc)
+        for_quota = reason == gang.REASON_WAITING_FOR_QUOTA or gang.quota_refusal(exc)
         backoff = decide.after_create_failure(
-            self._create_backoff.get(key), generation, code, detail, now
+            self._create_backoff.get(key), generation, code, detail, now, for_quota=for_quota
         )
+        if backoff.for_quota and self._quota_frees[key[0]] != quota_frees:
+            # The room freed while this pass checked: its wake found no wait to end yet.
+            backoff = decide.released(backoff, now)
         self._create_backoff[key] = backoff
-        delay = (backoff.next_at - now).total_seconds()
+        delay = max(0.0, (backoff.next_at - now).total_seconds())
         if not backoff.confirmed:  # maybe a race: once more soon, before telling anyone
             logger.info(
                 "StrategyJob %s/%s: cannot create %s (%s); again in %gs", *key[:2], what, exc, delay

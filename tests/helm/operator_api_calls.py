@@ -235,7 +235,10 @@ def gang_calls(group: str) -> list[Call]:
             "resourcequotas",
             {
                 "list": "gang.quota_shortfall: the namespace's quotas, before a gang's pods "
-                "are created (all of them fit, or none is created)"
+                "are created (all of them fit, or none is created); kopf's initial listing",
+                "watch": "kopf: @kopf.on.event resourcequotas (handlers.watch_resource_quotas, "
+                "only with a gang scheduler): a quota that frees room wakes the gangs waiting "
+                "for it",
             },
         ),
     ]

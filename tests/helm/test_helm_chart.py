@@ -379,8 +379,8 @@ VALUE_CASES = [
             env_of(docs)["STRATEGYJOB_GANG_SCHEDULER"] == "volcano"
             and ("scheduling.volcano.sh", "podgroups", "create", ())
             in rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
-            and ("", "resourcequotas", "list", ())
-            in rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
+            and {("", "resourcequotas", "list", ()), ("", "resourcequotas", "watch", ())}
+            <= rule_keys(only(docs, "ClusterRole", name=FULLNAME)["rules"])
         ),
         id="gang-volcano",
     ),

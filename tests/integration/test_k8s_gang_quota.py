@@ -1,10 +1,13 @@
 """Gang jobs under a ResourceQuota, against the real API server and its ResourceQuota
 admission: two gangs that each fit the quota alone but not together never both hold part of it
 (one gets all its pods, the other none and a WaitingForQuota condition and Event, and starts
-once the first is gone); a suspended gang's PodGroup is deleted and created again on resume."""
+as soon as the quota's usage drops once the first is gone, not at the end of its creation
+back-off); a suspended gang's PodGroup is deleted and created again on resume."""
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,6 +107,20 @@ def set_quota_status(kube, used_cpu: str) -> None:
     kube.core.patch_namespaced_resource_quota_status(QUOTA, kube.ns, status)
 
 
+def quota_attempts(op: OperatorProcess, ns: str, name: str) -> int:
+    """How many times the operator found that the gang's pods do not fit (one log line per
+    attempt: the first at INFO, the later ones with the CreateFailed message)."""
+    pattern = re.compile(
+        rf"StrategyJob {re.escape(ns)}/{re.escape(name)}: [Cc]annot create the gang"
+    )
+    return len(pattern.findall(op.log.read_text(errors="replace")))
+
+
+def backoff_after(attempts: int) -> float:
+    """The creation back-off after the n-th failed attempt (create_backoff's 5 s doubled)."""
+    return min(5.0 * 2 ** (attempts - 1), 300.0)
+
+
 def waiting_condition(kube, name: str) -> dict[str, Any] | None:
     cond = kube.condition(name, "CreateFailed")
     return cond if cond and cond["reason"] == "WaitingForQuota" else None
@@ -111,6 +128,8 @@ def waiting_condition(kube, name: str) -> dict[str, Any] | None:
 
 @pytest.mark.timeout(300)
 def test_two_gangs_that_fit_only_one_at_a_time_never_share_the_quota(own_kube, gang_operator):
+    """One gang gets all its pods, the other none; the other gets them within seconds of the
+    quota's usage dropping once the first is gone."""
     from kubernetes import client
 
     kube = own_kube
@@ -145,12 +164,29 @@ def test_two_gangs_that_fit_only_one_at_a_time_never_share_the_quota(own_kube, g
     assert [e.message for e in events if e.reason == "WaitingForQuota"] == [cond["message"]]
     assert not kube.pods(waiter)
 
-    # The first gang goes: its pods are deleted (the garbage collector), the quota controller
-    # would give its cpu back, and the waiting gang starts on its next attempt.
+    # The first gang goes: its pods are deleted (the garbage collector), and the quota
+    # controller gives its cpu back. The waiting gang starts as soon as the quota's usage drops
+    # (the quota's update wakes it), not on its next attempt of the creation back-off: the
+    # quota is freed just after an attempt whose back-off is at least 20 s.
     kube.delete_job(runner)
     wait_for(f"the pods of {runner} gone", lambda: not kube.pods(runner), timeout=90)
-    set_quota_status(kube, "0")
-    kube.wait_pods(waiter, 3, timeout=180)
+    seen = quota_attempts(gang_operator, kube.ns, waiter)
+    attempts = wait_for(
+        f"an attempt of {waiter} with a back-off of 20 s or more after it",
+        lambda: (n := quota_attempts(gang_operator, kube.ns, waiter)) > seen and n >= 3 and n,
+        timeout=120,
+        interval=0.05,
+    )
+    attempt_seen = time.monotonic()
+    set_quota_status(kube, "0")  # the quota controller's update: cpu 3 freed
+    freed = time.monotonic()
+    kube.wait_pods(waiter, 3, timeout=60)
+    latency = time.monotonic() - freed
+    print(f"quota freed -> pods of the waiting gang created: {latency:.2f}s")
+    assert latency <= 10.0, f"{latency:.1f}s after the quota freed (back-off: see the log)"
+    assert time.monotonic() - attempt_seen < backoff_after(attempts), "not the back-off's retry"
+    woke = f"ResourceQuota {kube.ns}/{QUOTA} freed room: waking {waiter}, waiting for quota"
+    assert woke in gang_operator.log.read_text(errors="replace")
 
     def cleared():
         job = kube.job(waiter) or {}

@@ -165,11 +165,11 @@ the two identical.
 - apiGroups: [{{ ternary "scheduling.volcano.sh" "scheduling.x-k8s.io" (eq . "volcano") }}]
   resources: [podgroups]
   verbs: [create, get, delete]
-# The namespace's ResourceQuotas, read (list only) before a gang's pods are created: all of
-# them fit, or none is created.
+# The namespace's ResourceQuotas: read before a gang's pods are created (all of them fit, or
+# none is created), and watched: a quota's update that frees room wakes the gangs waiting for it.
 - apiGroups: [""]
   resources: [resourcequotas]
-  verbs: [list]
+  verbs: [list, watch]
 {{- end }}
 {{- end -}}
 

@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction as F
 from typing import Any
 
+import kopf
 import pytest
 from strategyjob import jobspec
-from strategyjob_operator import gang, quota
+from strategyjob_operator import decide, gang, handlers, quota
 from strategyjob_operator.kube import ApiError, KubeApi
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.reconcile import OperatorSettings, Reconciler
@@ -523,3 +524,179 @@ def test_gangs_of_a_namespace_are_admitted_one_at_a_time() -> None:
     asyncio.run(main())
     assert order.index("1-") < order.index("2+")  # 2 waited for 1 in namespace a
     assert order.index("3+") < order.index("1-")  # namespace b did not wait
+
+
+# --- a gang that waits for quota is woken when the quota frees room -----------------------------
+
+
+def room(hard: dict | None = None, used: dict | None = None, **kw: Any) -> dict:
+    return gang.quota_room(rq("q", hard or {"cpu": "4"}, used, **kw))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "freed"),
+    [
+        pytest.param(None, room(used={"cpu": "3"}), False, id="first-seen"),
+        pytest.param(room(used={"cpu": "3"}), None, True, id="deleted"),
+        pytest.param(room(used={"cpu": "3"}), room(used={"cpu": "0"}), True, id="usage-down"),
+        pytest.param(room(used={"cpu": "3"}), room(used={}), True, id="usage-gone"),
+        pytest.param(room(used={"cpu": "3"}), room(used={"cpu": "3500m"}), False, id="usage-up"),
+        pytest.param(room(used={"cpu": "3"}), room(used={"cpu": "3.0"}), False, id="same"),
+        pytest.param(room({"cpu": "4"}), room({"cpu": "5"}), True, id="limit-up"),
+        pytest.param(room({"cpu": "4", "pods": "2"}), room({"cpu": "4"}), True, id="limit-gone"),
+        pytest.param(room({"cpu": "4"}), room({"cpu": "3"}), False, id="limit-down"),
+        pytest.param(room({"cpu": "4"}), room({"cpu": "4", "pods": "9"}), False, id="new-limit"),
+        pytest.param(room(), room(scopes=["BestEffort"]), True, id="scopes-changed"),
+        pytest.param(
+            room(used={"cpu": "3", "pods": "1"}),
+            room(used={"cpu": "4", "pods": "0"}),
+            True,
+            id="one-resource-down",
+        ),
+    ],
+)
+def test_quota_freed(before: dict | None, after: dict | None, freed: bool) -> None:
+    assert gang.quota_freed(before, after) is freed
+
+
+def test_a_quota_room_ignores_what_is_not_room() -> None:
+    labelled = {**rq("q", {"cpu": "4"}, {"cpu": "1"}), "metadata": {"labels": {"a": "b"}}}
+    assert gang.quota_room(labelled) == room(used={"cpu": "1"})
+    assert room(used={"cpu": "1"})["used"] == {"cpu": F(1)}
+
+
+def test_only_jobs_that_wait_for_quota_are_released() -> None:
+    quota_wait = decide.after_create_failure(None, 1, None, "x", NOW, for_quota=True)
+    server_error = decide.after_create_failure(None, 1, 500, "x", NOW)
+    backoffs = {
+        ("ns", "b", "u2"): quota_wait,
+        ("ns", "a", "u1"): quota_wait,
+        ("other", "c", "u3"): quota_wait,
+        ("ns", "d", "u4"): server_error,
+    }
+    assert decide.quota_waiters(backoffs, "ns") == [("ns", "a", "u1"), ("ns", "b", "u2")]
+    later = NOW + timedelta(seconds=1)
+    assert decide.create_hold(quota_wait, 1, later) == pytest.approx(4.0)
+    released = decide.released(quota_wait, later)
+    assert decide.create_hold(released, 1, later) is None
+    assert released.attempts == quota_wait.attempts  # a check that fails again waits longer
+    assert decide.released(quota_wait, NOW - timedelta(seconds=9)) == decide.released(
+        quota_wait, NOW - timedelta(seconds=9)
+    )
+    permanent = decide.after_create_failure(None, 1, 403, "forbidden", NOW, for_quota=True)
+    assert not permanent.for_quota  # what cannot pass as it is waits for no quota
+
+
+def waiting_gang(attempts: int) -> tuple[FakeApi, Reconciler, list[datetime]]:
+    """A gang of 4 x cpu 2 that waits for quota (cpu 3 left), after ``attempts`` checks."""
+    api = FakeApi(manifest(cpu="2", workers=4), [rq("team", {"cpu": "10"}, {"cpu": "7"})])
+    clock = [NOW]
+    rec = reconciler(api, clock)
+    delay = 0.0
+    for _ in range(attempts):
+        clock[0] += timedelta(seconds=delay)
+        delay = asyncio.run(rec.reconcile("ns", "j", "u"))
+    assert api.created_pods() == [] and delay == pytest.approx(5.0 * 2 ** (attempts - 1))
+    return api, rec, clock
+
+
+def test_a_quota_that_frees_room_wakes_the_gang_past_its_back_off() -> None:
+    api, rec, clock = waiting_gang(4)  # its next attempt in 40 s
+    clock[0] += timedelta(seconds=1)
+    assert rec.wake_quota_waiters("other") == []
+    checks = api.calls.count(("list", "resourcequotas"))
+    asyncio.run(rec.reconcile("ns", "j", "u"))  # a pass of another cause: held, no check
+    assert api.calls.count(("list", "resourcequotas")) == checks
+
+    api.quotas = [rq("team", {"cpu": "10"}, {"cpu": "2"})]  # the quota controller's update
+    assert rec.wake_quota_waiters("ns") == ["j"]
+    assert asyncio.run(rec.reconcile("ns", "j", "u")) != 0.0
+    assert sorted(api.created_pods()) == [f"j-worker-{i}" for i in range(4)]
+    assert rec.wake_quota_waiters("ns") == []  # it no longer waits
+
+
+def test_a_woken_gang_that_still_does_not_fit_waits_for_the_next_room() -> None:
+    api, rec, _ = waiting_gang(2)
+    api.quotas = [rq("team", {"cpu": "10"}, {"cpu": "6"})]  # cpu 4 left: the gang needs 8
+    assert rec.wake_quota_waiters("ns") == ["j"]
+    checks = api.calls.count(("list", "resourcequotas"))
+    assert asyncio.run(rec.reconcile("ns", "j", "u")) == pytest.approx(20.0)
+    assert api.calls.count(("list", "resourcequotas")) == checks + 1
+    assert api.created_pods() == []
+    assert "4 left in quota team" in (condition(api) or {}).get("message", "")
+    assert rec.wake_quota_waiters("ns") == ["j"]  # still waits: the next room wakes it again
+
+
+def test_room_freed_while_a_pass_checks_ends_the_wait_that_pass_starts() -> None:
+    """The quota's update lands after the pass read the quota and before it notes the wait:
+    the wake finds no wait to end yet, so the pass itself checks again at once."""
+
+    class FreedDuringTheCheck(FakeApi):
+        async def list_resource_quotas(self, namespace: str) -> list:
+            seen = await super().list_resource_quotas(namespace)
+            self.quotas = [rq("team", {"cpu": "10"}, {"cpu": "0"})]
+            assert rec.wake_quota_waiters(namespace) == []
+            return seen
+
+    api = FreedDuringTheCheck(
+        manifest(cpu="2", workers=4), [rq("team", {"cpu": "10"}, {"cpu": "7"})]
+    )
+    clock = [NOW]
+    rec = reconciler(api, clock)
+    assert asyncio.run(rec.reconcile("ns", "j", "u")) == 0.0  # again at once, not in 5 s
+    assert api.created_pods() == []
+    asyncio.run(rec.reconcile("ns", "j", "u"))
+    assert sorted(api.created_pods()) == [f"j-worker-{i}" for i in range(4)]
+
+
+def test_a_quota_event_that_frees_room_wakes_the_waiting_jobs_loops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Waiters:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def wake_quota_waiters(self, namespace: str) -> list[str]:
+            self.calls.append(namespace)
+            return ["j"]
+
+    state = handlers._State()
+    state.reconciler = waiters = Waiters()  # type: ignore[assignment]
+    monkeypatch.setattr(handlers, "STATE", state)
+    loop = state.wakeups[("ns", "j")] = asyncio.Event()
+
+    def event(type_: str | None, used: str) -> None:
+        body = rq("team", {"cpu": "4"}, {"cpu": used})
+        asyncio.run(handlers.quota_changed(namespace="ns", name="team", body=body, type=type_))
+
+    event(None, "3")  # kopf's listing: seen for the first time
+    event("MODIFIED", "4")  # more usage
+    event("MODIFIED", "4")  # the controller's resync
+    assert waiters.calls == [] and not loop.is_set()
+    event("MODIFIED", "1")
+    assert waiters.calls == ["ns"] and loop.is_set()
+    loop.clear()
+    event("DELETED", "1")
+    assert waiters.calls == ["ns", "ns"] and loop.is_set()
+    assert state.quotas == {}
+
+
+def quota_selectors(registry: kopf.OperatorRegistry) -> list:
+    return [s for s in registry._watching.get_all_selectors() if "resourcequotas" in str(s)]
+
+
+def test_resource_quotas_are_watched_only_with_a_gang_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chart grants the watch only with a gang scheduler; one the API server forbids
+    would stop the operator."""
+    assert quota_selectors(kopf.get_default_registry()) == []  # not at import
+    monkeypatch.setenv("STRATEGYJOB_METRICS_PORT", "0")
+    registry = kopf.OperatorRegistry()
+    for scheduler, watched in (("", 0), ("volcano", 1), ("volcano", 1)):
+        monkeypatch.setattr(kopf, "get_default_registry", lambda r=registry: r)
+        monkeypatch.setattr(handlers, "STATE", handlers._State())
+        monkeypatch.setenv("STRATEGYJOB_GANG_SCHEDULER", scheduler)
+        asyncio.run(handlers.configure(settings=kopf.OperatorSettings()))
+        assert len(quota_selectors(registry)) == watched  # once, however often configured
+        assert len(registry._watching.get_all_handlers()) == watched
