@@ -11,7 +11,12 @@ passed over every ``STRATEGYJOB_RESYNC_SECONDS``, default 60, to notice what no 
 reported): N idle running jobs of 2 workers (``--idle-jobs``, default 1000), their pods set
 Running, then over a window of two periods the operator's passes, the API calls they make
 (the API server's own request counters: GETs of StrategyJobs, LISTs of pods, writes of
-StrategyJobs and pods) and the operator's CPU time, per minute.
+StrategyJobs and pods) and the operator's CPU time, per minute, and its memory. Then, beside
+them, one job of 1000 workers: the operator's CPU while all its pods turn Running (the bench
+writes their status as kubelets would) and, once it runs, what its resyncs add. With
+``--baseline-src DIR`` (a checkout of an earlier commit, e.g. ``git worktree add``), that
+checkout's operator runs the same first, in namespaces of its own, and the last line is
+baseline / this tree for each figure.
 
 With ``--tfjob-operator PATH`` (Kubeflow's training-operator v1 binary, built outside this
 repository as bench/README.md shows), the same run first times TFJob on the same control
@@ -25,6 +30,7 @@ Service per pod).
     K8S_BIN_DIR=... PYTHONPATH=sdk:operator python bench/bench_operator.py [--quick]
         [--tfjob-operator PATH [--tfjob-crd PATH] [--tfjob-timeout S] [--tfjob-skip-many]]
     ... python bench/bench_operator.py --resync [--idle-jobs N] [--resync-seconds S]
+        [--baseline-src DIR]
 """
 
 from __future__ import annotations
@@ -479,39 +485,56 @@ def set_running(api: Api, ns: str, names: list[str]) -> None:
         )
 
 
-def run_resync(api: Api, cp, jobs: int, period: float) -> None:
-    """What the periodic resync costs for ``jobs`` idle running jobs (see the docstring)."""
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def wait_state(api: Api, ns: str, jobs: int, timeout: float) -> None:
+    """Until the status of all ``jobs`` jobs of ``ns`` says Running."""
+    deadline = time.monotonic() + timeout
+    path = f"/apis/strategyjob.dev/v1alpha1/namespaces/{ns}/strategyjobs"
+    while True:
+        items = api.call("GET", path)["items"]
+        running = sum(1 for j in items if (j.get("status") or {}).get("state") == "Running")
+        if running == jobs:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {running} of {jobs} jobs of {ns} Running after {timeout} s")
+        time.sleep(1)
+
+
+def run_resync(api: Api, cp, jobs: int, period: float, src: Path, tag: str) -> dict[str, float]:
+    """The operator of ``src`` (a checkout's root) holding ``jobs`` idle running 2-worker jobs
+    and one running 1000-worker job: what the periodic resync costs (see the docstring), the
+    CPU the big job's pods all turning Running costs, and the operator's memory."""
     port = cp_mod.free_port()
+    idle, big = f"idle-{tag}", f"big-{tag}"
     env = {
         **os.environ,
         "KUBECONFIG": str(cp.kubeconfig),
-        "PYTHONPATH": f"{ROOT / 'sdk'}{os.pathsep}{ROOT / 'operator'}",
+        "PYTHONPATH": f"{src / 'sdk'}{os.pathsep}{src / 'operator'}",
         "STRATEGYJOB_METRICS_PORT": str(port),
         "STRATEGYJOB_RESYNC_SECONDS": f"{period:g}",
+        "OMP_NUM_THREADS": "1",
     }
-    log = open(cp.dir / "operator.log", "wb")
+    for ns in (idle, big):
+        create_namespace(api, ns)
+    log = open(cp.dir / f"operator-{tag}.log", "wb")
     op = subprocess.Popen(
-        [sys.executable, "-m", "strategyjob_operator", "-A", "--standalone"],
+        [sys.executable, "-m", "strategyjob_operator", "--standalone", "-n", idle, "-n", big],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
     try:
-        create_namespace(api, "idle")
-        create_jobs(api, "idle", [job(f"i{i}", 2) for i in range(jobs)])
-        wait_children(api, "idle", 2 * jobs, jobs, timeout=1200)
-        pods = api.call("GET", f"/api/v1/namespaces/idle/pods?labelSelector={SJOB_SELECTOR}")
-        set_running(api, "idle", [p["metadata"]["name"] for p in pods["items"]])
-        deadline = time.monotonic() + 600
-        path = "/apis/strategyjob.dev/v1alpha1/namespaces/idle/strategyjobs"
-        while True:
-            items = api.call("GET", path)["items"]
-            running = sum(1 for j in items if (j.get("status") or {}).get("state") == "Running")
-            if running == jobs:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {running} of {jobs} jobs Running after 600 s")
-            time.sleep(1)
+        create_jobs(api, idle, [job(f"i{i}", 2) for i in range(jobs)])
+        wait_children(api, idle, 2 * jobs, jobs, timeout=1200)
+        pods = api.call("GET", f"/api/v1/namespaces/{idle}/pods?labelSelector={SJOB_SELECTOR}")
+        set_running(api, idle, [p["metadata"]["name"] for p in pods["items"]])
+        wait_state(api, idle, jobs, 600)
         # settle: the passes the Running pods woke, then at least one resync of every job
         time.sleep(period * 1.2)
         window = 2 * period
@@ -524,14 +547,51 @@ def run_resync(api: Api, cp, jobs: int, period: float) -> None:
         per_min = {k: (req1[k] - req0[k]) / minutes for k in req0}
         cpu = (cpu1 - cpu0) / minutes
         timed = (timed1 - timed0) / minutes
+        held_rss = rss_mib(op.pid)
         print(
-            f"{jobs} idle running jobs x 2 workers, resync every {period:g} s "
+            f"[{tag}] {jobs} idle running jobs x 2 workers, resync every {period:g} s "
             f"(window {window:g} s): {(passes1 - passes0) / minutes:.0f} passes/min "
             f"({timed:.0f} resyncs/min); API calls/min: {per_min['get_jobs']:.0f} GET "
             f"StrategyJob + {per_min['list_pods']:.0f} LIST pods, {per_min['writes']:.0f} writes; "
             f"operator CPU {cpu:.1f} s/min ({100 * cpu / 60:.1f}% of one core), "
-            f"{1000 * (cpu1 - cpu0) / max(passes1 - passes0, 1):.1f} ms per pass"
+            f"{1000 * (cpu1 - cpu0) / max(passes1 - passes0, 1):.1f} ms per pass; "
+            f"RSS {held_rss:.0f} MiB",
+            flush=True,
         )
+
+        create_jobs(api, big, [job("big", 1000)])
+        wait_children(api, big, 1000, 1, timeout=600)
+        time.sleep(5)  # the passes the pods' creation woke
+        passes0, _ = operator_passes(port)
+        cpu0, t0 = cpu_seconds(op.pid), time.monotonic()
+        pods = api.call("GET", f"/api/v1/namespaces/{big}/pods?labelSelector={SJOB_SELECTOR}")
+        set_running(api, big, [p["metadata"]["name"] for p in pods["items"]])
+        wait_state(api, big, 1, 600)
+        burst_cpu, burst_s = cpu_seconds(op.pid) - cpu0, time.monotonic() - t0
+        burst_passes = operator_passes(port)[0] - passes0
+        print(
+            f"[{tag}] 1 job x 1000 workers, every pod turned Running: the job Running after "
+            f"{burst_s:.1f} s, {burst_passes:.0f} passes, operator CPU {burst_cpu:.1f} s "
+            f"({1000 * burst_cpu / max(burst_passes, 1):.0f} ms per pass); operator peak RSS "
+            f"{peak_rss_mib(op.pid):.0f} MiB, now {rss_mib(op.pid):.0f} MiB",
+            flush=True,
+        )
+        time.sleep(period * 1.2)  # settle, then the resyncs with the big job held too
+        cpu0, t0 = cpu_seconds(op.pid), time.monotonic()
+        time.sleep(window)
+        held_cpu = (cpu_seconds(op.pid) - cpu0) / ((time.monotonic() - t0) / 60)
+        print(
+            f"[{tag}] holding both ({jobs} x 2 and 1 x 1000 workers, all Running): operator CPU "
+            f"{held_cpu:.1f} s/min, of which the big job's resyncs {held_cpu - cpu:.1f}; "
+            f"RSS {rss_mib(op.pid):.0f} MiB",
+            flush=True,
+        )
+        return {
+            "cpu_per_min": cpu,
+            "burst_cpu": burst_cpu,
+            "big_cpu_per_min": held_cpu - cpu,
+            "rss": peak_rss_mib(op.pid),
+        }
     finally:
         stop_process(op)
         log.close()
@@ -589,6 +649,13 @@ def main() -> int:
     parser.add_argument(
         "--resync-seconds", type=float, default=60.0, metavar="S", help="resync period (60)"
     )
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        metavar="DIR",
+        help="with --resync: first run the operator of this checkout (e.g. a git worktree of "
+        "an earlier commit), then this tree's; the last line is baseline/this",
+    )
     args = parser.parse_args()
     if args.resync:
         bin_dir, why = cp_mod.find_binaries()
@@ -599,7 +666,21 @@ def main() -> int:
         try:
             cp.kubectl("apply", "-f", str(ROOT / "crds"))
             wait_established(cp, "strategyjobs.strategyjob.dev")
-            run_resync(Api(cp), cp, args.idle_jobs, args.resync_seconds)
+            api = Api(cp)
+            base = None
+            if args.baseline_src is not None:
+                base = run_resync(
+                    api, cp, args.idle_jobs, args.resync_seconds, args.baseline_src, "base"
+                )
+            ours = run_resync(api, cp, args.idle_jobs, args.resync_seconds, ROOT, "this")
+            if base is not None:
+                print(
+                    f"baseline/this: resync CPU {base['cpu_per_min'] / ours['cpu_per_min']:.2f}, "
+                    f"1000 pods Running CPU {base['burst_cpu'] / ours['burst_cpu']:.2f}, "
+                    f"the 1000-worker job's resync CPU "
+                    f"{base['big_cpu_per_min'] / ours['big_cpu_per_min']:.2f}, "
+                    f"peak RSS {base['rss'] / ours['rss']:.2f}"
+                )
             return 0
         finally:
             cp.stop()

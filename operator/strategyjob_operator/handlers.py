@@ -24,6 +24,7 @@ from strategyjob_operator import constants as c
 from strategyjob_operator import gang, metrics
 from strategyjob_operator.decide import DEFAULT_LOST_POD_SECONDS
 from strategyjob_operator.kube import LIST_PAGE_SIZE, ApiError, Credentials, KubeApi
+from strategyjob_operator.pod_cache import PodCache
 from strategyjob_operator.reconcile import (
     DEFAULT_RESYNC_SECONDS,
     DEFAULT_TERMINATION_GRACE_SECONDS,
@@ -256,7 +257,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
                 max_in_flight=STATE.settings.max_in_flight,
                 refresh=lambda: asyncio.to_thread(_credentials, kwargs),
             )
-            STATE.reconciler = Reconciler(api, STATE.settings)
+            STATE.reconciler = Reconciler(api, STATE.settings, pod_cache=PodCache(api))
         else:  # kopf logs in again when its own requests are refused
             STATE.reconciler.api.use(creds)
     except Exception as e:  # a kubeconfig or exec plugin broken since startup: final
@@ -306,8 +307,17 @@ def jobs_to_wake(labels: Mapping[str, str], meta: Mapping[str, Any] | None) -> s
 # job that controls it.
 @kopf.on.event("", "v1", "pods")
 async def pod_changed(
-    *, namespace: str | None, labels: Mapping[str, str], meta: kopf.Meta, **_: Any
+    *,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    meta: kopf.Meta,
+    body: kopf.Body,
+    type: str | None,
+    **_: Any,
 ) -> None:
+    reconciler = STATE.reconciler
+    if reconciler is not None and reconciler.pod_cache is not None:
+        reconciler.pod_cache.watched(type, body)  # before the wake: the pass may use it
     for name in jobs_to_wake(labels or {}, meta):
         wake(namespace, name)
 
@@ -360,6 +370,7 @@ async def run_job(
                 continue
             if timed:
                 reconciler.metrics.inc("timed_passes", namespace)
+            started = asyncio.get_running_loop().time()
             try:
                 delay = await reconciler.reconcile(namespace, name, uid)
                 errors = forbidden = 0
@@ -381,7 +392,10 @@ async def run_job(
                     e,
                     delay,
                 )
-            await asyncio.sleep(STATE.settings.min_reconcile_interval)
+            # a job whose passes are long (1000 pods) rests as long as its last pass took:
+            # while its pods keep changing it takes at most half the operator's time
+            took = asyncio.get_running_loop().time() - started
+            await asyncio.sleep(max(STATE.settings.min_reconcile_interval, took))
     finally:
         if STATE.daemons.get(key) == uid:
             del STATE.daemons[key]

@@ -162,6 +162,8 @@ REQUEST_TIMEOUT = 60.0
 
 #: Accept header for an object's metadata alone.
 PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+#: Accept header for a list of objects' metadata alone.
+PARTIAL_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
 class KubeApi:
@@ -321,20 +323,31 @@ class KubeApi:
         page = await self.request("GET", self.core_path(namespace, "resourcequotas"))
         return [item for item in page.get("items") or [] if isinstance(item, dict)]
 
-    async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
-        """The objects matching ``label_selector``, read :data:`LIST_PAGE_SIZE` at a time,
-        pods without their containers' ``env`` (:func:`without_env`), so that listing a
-        large job holds one page of full pods, never all of them."""
+    async def list_metadata(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        """The metadata alone of the objects matching ``label_selector``
+        (``PartialObjectMetadata``, without ``managedFields``): names, uids and
+        resourceVersions, to tell which objects changed since they were last read."""
+        return await self._list(path, label_selector, PARTIAL_METADATA_LIST)
+
+    async def _list(
+        self, path: str, label_selector: str, accept: str | None
+    ) -> list[dict[str, Any]]:
         params = {"labelSelector": label_selector, "limit": str(LIST_PAGE_SIZE)}
         items: list[dict[str, Any]] = []
         while True:
-            page = await self.request("GET", path, params=params)
-            items.extend(without_env(item) for item in page.get("items") or [])
+            page = await self.request("GET", path, params=params, accept=accept)
+            items.extend(observed_part(item) for item in page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
             params["continue"] = token
             del page
+
+    async def list(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        """The objects matching ``label_selector``, read :data:`LIST_PAGE_SIZE` at a time,
+        pods without what the operator never reads (:func:`observed_part`), so that listing
+        a large job holds one page of full pods, never all of them."""
+        return await self._list(path, label_selector, None)
 
     async def create(self, path: str, obj: Mapping[str, Any]) -> bool:
         """Create ``obj``; False when it already exists (creation is idempotent by name)."""
@@ -401,17 +414,26 @@ class KubeApi:
 LIST_PAGE_SIZE = 100
 
 
-def without_env(obj: dict[str, Any]) -> dict[str, Any]:
-    """``obj`` without its (init) containers' ``env``, when it is a pod. The operator
-    decides from a pod's metadata and status and never reads its env back (a template's
-    own env may be large; the cluster part of TF_CONFIG is in the job's ConfigMap)."""
-    spec = obj.get("spec")
-    if isinstance(spec, dict):
+def observed_part(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` without what the operator never reads back: its ``managedFields`` and, for
+    a pod, its (init) containers' ``env`` (a template's own env may be large; the cluster
+    part of TF_CONFIG is in the job's ConfigMap). ``obj`` itself is left as it was (a
+    watch event's body is kopf's); the parts kept are shared with it, not copied."""
+    out = dict(obj)
+    meta = out.get("metadata")
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    spec = out.get("spec")
+    if isinstance(spec, Mapping):
+        spec = out["spec"] = dict(spec)
         for key in ("initContainers", "containers"):
-            for container in spec.get(key) or ():
-                if isinstance(container, dict):
-                    container.pop("env", None)
-    return obj
+            containers = spec.get(key)
+            if isinstance(containers, list):
+                spec[key] = [
+                    {k: v for k, v in x.items() if k != "env"} if isinstance(x, Mapping) else x
+                    for x in containers
+                ]
+    return out
 
 
 async def bounded_gather(

@@ -25,6 +25,7 @@ from strategyjob_operator import children, decide, gang, observe, progress
 from strategyjob_operator import constants as c
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
 from strategyjob_operator.metrics import REGISTRY, Registry
+from strategyjob_operator.pod_cache import PodCache
 
 logger = logging.getLogger("strategyjob_operator")
 
@@ -227,8 +228,12 @@ class Reconciler:
         *,
         clock: Callable[[], datetime] = utcnow,
         registry: Registry = REGISTRY,
+        pod_cache: PodCache | None = None,
     ) -> None:
         self.api = api
+        #: The jobs' pods as last seen (the operator's watch feeds it): a pass then reads
+        #: only their metadata. None: a pass lists its job's pods in full.
+        self.pod_cache = pod_cache
         self.settings = settings or OperatorSettings()
         self.clock = clock
         self.metrics = registry
@@ -246,6 +251,8 @@ class Reconciler:
         key = (namespace, name, uid)
         self._unknown_seen.pop(key, None)
         self._create_backoff.pop(key, None)
+        if self.pod_cache is not None:
+            self.pod_cache.forget(namespace, name)
 
     def wake_quota_waiters(self, namespace: str) -> list[str]:
         """A ResourceQuota of ``namespace`` freed room: end the creation back-off of its jobs
@@ -289,7 +296,10 @@ class Reconciler:
             await self._invalid(job_obj, status, str(e), now)
             return None  # failed for good: nothing to requeue
 
-        pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
+        if self.pod_cache is not None:
+            pods = await self.pod_cache.job_pods(namespace, name)
+        else:
+            pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
         uid = job_obj["metadata"].get("uid")
         key: JobKey = (namespace, name, uid or "")
         stale = [p for p in pods if uid and observe.left_by_earlier_job(p, uid, name)]
