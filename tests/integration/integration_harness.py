@@ -75,6 +75,19 @@ class OperatorProcess:
             return r.read().decode()
 
 
+def create_peering(cp: ControlPlane, namespace: str, name: str) -> None:
+    """A KopfPeering in ``namespace``: the operators started with ``--peering=NAME`` there
+    elect one among them (the chart creates it in a cluster)."""
+    cp.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=f"apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: {name}\n",
+    )
+
+
 class Kube:
     """Thin helpers over the kubernetes client for the tests."""
 

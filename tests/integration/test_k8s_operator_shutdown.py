@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from integration_harness import Kube, OperatorProcess, manifest
+from integration_harness import Kube, OperatorProcess, create_peering, manifest
 
 from tests.support.waiting import wait_for
 
@@ -42,14 +42,7 @@ def test_the_operator_with_running_jobs_exits_within_seconds_of_a_signal(
 ) -> None:
     kube = own_kube
     if peered:
-        control_plane.kubectl(
-            "apply",
-            "-n",
-            kube.ns,
-            "-f",
-            "-",
-            input=f"apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: {PEERING}\n",
-        )
+        create_peering(control_plane, kube.ns, PEERING)
     scope = (f"--peering={PEERING}",) if peered else ("--standalone",)
     op = OperatorProcess(control_plane, *scope, "-n", kube.ns).start()
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from integration_harness import OperatorProcess, manifest, wait_for
+from integration_harness import OperatorProcess, create_peering, manifest, wait_for
 from kubernetes.client.exceptions import ApiException
 
 INVALID = [
@@ -141,14 +141,7 @@ def test_operator_killed_while_creating_a_large_job_finishes_it_without_duplicat
 @pytest.mark.timeout(120)
 def test_peering_lets_only_the_highest_priority_replica_act(own_kube, control_plane):
     kube = own_kube
-    control_plane.kubectl(
-        "apply",
-        "-n",
-        kube.ns,
-        "-f",
-        "-",
-        input="apiVersion: kopf.dev/v1\nkind: KopfPeering\nmetadata:\n  name: sjob-peering\n",
-    )
+    create_peering(control_plane, kube.ns, "sjob-peering")
     args = ("-n", kube.ns, "--peering=sjob-peering")
     # the low one first: the high one's arrival is then a change the low one must react to
     low = OperatorProcess(control_plane, *args, "--priority=1").start()
