@@ -13,13 +13,17 @@ from tests.support.kind import MEASURED, kind_cluster  # noqa: F401
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The kind and end-to-end tests last (in their order): ``tools/test.sh`` loads the images
-    into the kind cluster while the others run."""
+    into the kind cluster while the others run. Just before them, the ``signal_timing`` tests
+    (how soon a process stops after a signal): by then that load, which takes both cores for
+    about six minutes, is over."""
     e2e = Path(__file__).parent / "e2e"
 
-    def on_kind(item: pytest.Item) -> bool:
-        return item.get_closest_marker("kind") is not None or e2e in Path(item.fspath).parents
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("kind") is not None or e2e in Path(item.fspath).parents:
+            return 2
+        return 1 if item.get_closest_marker("signal_timing") is not None else 0
 
-    items.sort(key=on_kind)
+    items.sort(key=rank)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

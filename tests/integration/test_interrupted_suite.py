@@ -230,6 +230,7 @@ def k8s_bin_dir() -> Path:
     return bin_dir
 
 
+@pytest.mark.signal_timing
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("when", "sig", "twice"),

@@ -18,7 +18,7 @@ from integration_harness import Kube, OperatorProcess, create_peering, manifest
 
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.signal_timing]
 
 #: Seconds the operator may take to exit after the signal (about 1 s alone; the margin is
 #: for a loaded machine, and stays well under the pod's 30 s grace period).

@@ -343,6 +343,10 @@ def _evidence_if_failed(request: pytest.FixtureRequest, kind_cluster: Cluster) -
         ("-n", NS, "get", "pods", "-o", "wide", "--show-labels"),
         ("-n", NS, "get", "events", "--sort-by=.lastTimestamp"),
         ("-n", OPERATOR_NS, "logs", "-l", "app.kubernetes.io/instance=sjob", "--tail=400"),
+        # the pod network: kube-router routes between the nodes and enforces NetworkPolicy
+        ("-n", NS, "get", "networkpolicies"),
+        ("-n", "kube-system", "get", "pods", "-o", "wide"),
+        ("-n", "kube-system", "logs", "-l", "k8s-app=kube-router", "--prefix", "--tail=80"),
     ):
         try:
             out = kind_cluster.kubectl(*args, timeout=60)

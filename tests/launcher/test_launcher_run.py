@@ -259,6 +259,7 @@ def test_success_stops_the_ps_and_evaluator(tmp_path):
         wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
 
 
+@pytest.mark.signal_timing
 @pytest.mark.parametrize(
     "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
 )
