@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.control_plane import REPO_ROOT, find_binaries
 from tests.support.kind import KIND, report
-from tests.support.processes import child_env
+from tests.support.processes import child_env, default_interrupts
 from tests.support.waiting import wait_for
 
 #: pytest's exit status for an interrupted run (pytest.ExitCode.INTERRUPTED): it unwound.
@@ -112,6 +112,7 @@ class Inner:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=default_interrupts,
             )
 
     def output(self) -> str:

@@ -19,6 +19,8 @@ import yaml
 from strategyjob import cli
 from strategyjob.launcher import local_replica_limit
 
+from tests.support.processes import default_interrupts
+
 SDK = Path(__file__).resolve().parents[2] / "sdk"
 pytestmark = pytest.mark.timeout(90)
 
@@ -275,6 +277,7 @@ def test_interrupt_leaves_no_process_behind(tmp_path, signum):
         stderr=subprocess.STDOUT,
         text=True,
         env={**cli_env(), "TMPDIR": str(temp)},
+        preexec_fn=default_interrupts,  # as from a terminal, even when the suite runs in nohup
     )
     roles = ["chief-0", "worker-0", "worker-1"]
     try:

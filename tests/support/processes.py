@@ -21,6 +21,19 @@ SDK = Path(__file__).resolve().parents[2] / "sdk"
 CLUSTER_ENV = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
+#: The signals a test sends to a child to interrupt it.
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def default_interrupts() -> None:
+    """``preexec_fn`` of a child that a test interrupts: it starts with the default handling
+    of :data:`INTERRUPTS`, whatever the test run inherited (a run under ``nohup`` ignores
+    SIGHUP, a background job of a non-interactive shell ignores SIGINT, and an ignored signal
+    stays ignored across exec: Python then installs no handler of its own for it)."""
+    for sig in INTERRUPTS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """This process's environment without a cluster's variables, with the SDK first on
     PYTHONPATH and one compute thread (several processes share few cores), plus ``extra``."""
