@@ -29,7 +29,6 @@ import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from strategyjob import jobspec
@@ -237,44 +236,6 @@ async def quota_shortfall(
         return None
     return QuotaShortfall(
         f"{quota.waiting_message(found)} (none of the gang's pods is created until all fit)"
-    )
-
-
-def _quantities(values: Any) -> dict[str, Fraction]:
-    if not isinstance(values, Mapping):
-        return {}
-    return {str(k): q for k, v in values.items() if (q := quota.parse_quantity(v)) is not None}
-
-
-def quota_room(quota_obj: Mapping[str, Any]) -> dict[str, Any]:
-    """What of a ResourceQuota decides the room it has (its limits, usage and scopes), as
-    plain data: what the operator keeps of each quota it watches to see what an update
-    changed (the watch's events carry only the new object)."""
-    spec = quota_obj.get("spec") or {}
-    status = quota_obj.get("status") or {}
-    return {
-        "hard": _quantities(status.get("hard")) or _quantities(spec.get("hard")),
-        "used": _quantities(status.get("used")),
-        "scopes": (spec.get("scopes"), spec.get("scopeSelector")),
-    }
-
-
-def quota_freed(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
-    """Whether a quota's update (:func:`quota_room` of it ``before`` and ``after``; None: not
-    seen yet, or deleted) may let a gang that waits for quota in: the usage of a resource went
-    down (the quota controller's update after pods went), a limit went up or away, its scopes
-    changed, or the quota was deleted. A quota seen for the first time, more usage, and any
-    other update (labels, the controller's resync) free nothing: no job is woken for them."""
-    if before is None:
-        return False
-    if after is None:
-        return True
-    zero = Fraction(0)
-    used, hard = after["used"], after["hard"]
-    return (
-        any(used.get(name, zero) < q for name, q in before["used"].items())
-        or any(name not in hard or hard[name] > q for name, q in before["hard"].items())
-        or before["scopes"] != after["scopes"]
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 
 from strategyjob_operator import constants as c
-from strategyjob_operator import gang, metrics
+from strategyjob_operator import gang, metrics, quota
 from strategyjob_operator.decide import DEFAULT_LOST_POD_SECONDS
 from strategyjob_operator.kube import LIST_PAGE_SIZE, ApiError, Credentials, KubeApi
 from strategyjob_operator.pod_cache import PodCache
@@ -412,7 +412,7 @@ async def quota_changed(
     *, namespace: str | None, name: str, body: kopf.Body, type: str | None, **_: Any
 ) -> None:
     """A ResourceQuota's event (watched only with a gang scheduler, see
-    :func:`watch_resource_quotas`): when it freed room (:func:`gang.quota_freed`), wake the
+    :func:`watch_resource_quotas`): when it freed room (:func:`quota.quota_freed`), wake the
     namespace's jobs that wait for quota, past their creation back-off (up to 5 min). It is
     the quota's own update that wakes them, not the deletion of the pods that held the room:
     the quota controller updates ``status.used`` after those, and a check before it would
@@ -421,13 +421,13 @@ async def quota_changed(
         return
     key = (namespace, name)
     before = STATE.quotas.get(key)
-    after = None if type == "DELETED" else gang.quota_room(body)
+    after = None if type == "DELETED" else quota.quota_room(body)
     if after is None:
         STATE.quotas.pop(key, None)
     else:
         STATE.quotas[key] = after
     reconciler = STATE.reconciler
-    if reconciler is None or not gang.quota_freed(before, after):
+    if reconciler is None or not quota.quota_freed(before, after):
         return
     woken = reconciler.wake_quota_waiters(namespace)
     if woken:

@@ -14,6 +14,7 @@ largest init container, a container's unset request defaults to its limit, and p
 (``scopes`` and ``scopeSelector``); a scope this module does not know never matches (the API
 server still enforces the quota, and the operator undoes a creation it refuses part-way). Not
 seen: what a LimitRange fills in and a RuntimeClass's pod overhead (both added at admission).
+Also whether a quota's update freed room (:func:`quota_freed`), which wakes the gangs waiting.
 """
 
 from __future__ import annotations
@@ -254,6 +255,38 @@ def _quantities(values: Any) -> dict[str, Fraction]:
     return {str(k): q for k, v in values.items() if (q := parse_quantity(v)) is not None}
 
 
+def quota_room(quota_obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a ResourceQuota decides the room it has (its limits, usage and scopes), as
+    plain data: what the operator keeps of each quota it watches to see what an update
+    changed (the watch's events carry only the new object)."""
+    spec = quota_obj.get("spec") or {}
+    status = quota_obj.get("status") or {}
+    return {
+        "hard": _quantities(status.get("hard")) or _quantities(spec.get("hard")),
+        "used": _quantities(status.get("used")),
+        "scopes": (spec.get("scopes"), spec.get("scopeSelector")),
+    }
+
+
+def quota_freed(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
+    """Whether a quota's update (:func:`quota_room` of it ``before`` and ``after``; None: not
+    seen yet, or deleted) may let a gang that waits for quota in: the usage of a resource went
+    down (the quota controller's update after pods went), a limit went up or away, its scopes
+    changed, or the quota was deleted. A quota seen for the first time, more usage, and any
+    other update (labels, the controller's resync) free nothing: no job is woken for them."""
+    if before is None:
+        return False
+    if after is None:
+        return True
+    zero = Fraction(0)
+    used, hard = after["used"], after["hard"]
+    return (
+        any(used.get(name, zero) < q for name, q in before["used"].items())
+        or any(name not in hard or hard[name] > q for name, q in before["hard"].items())
+        or before["scopes"] != after["scopes"]
+    )
+
+
 def shortfalls(
     quotas: Iterable[Mapping[str, Any]], pods: Iterable[tuple[Mapping[str, Any], int]]
 ) -> list[Shortfall]:
@@ -266,9 +299,8 @@ def shortfalls(
     out: list[Shortfall] = []
     for quota in quotas:
         meta = quota.get("metadata") or {}
-        status = quota.get("status") or {}
-        hard = _quantities(status.get("hard")) or _quantities((quota.get("spec") or {}).get("hard"))
-        used = _quantities(status.get("used"))
+        room = quota_room(quota)
+        hard, used = room["hard"], room["used"]
         needed: dict[str, Fraction] = {}
         for spec, count, usage in gang:
             if not quota_matches(quota, spec):

@@ -530,7 +530,7 @@ def test_gangs_of_a_namespace_are_admitted_one_at_a_time() -> None:
 
 
 def room(hard: dict | None = None, used: dict | None = None, **kw: Any) -> dict:
-    return gang.quota_room(rq("q", hard or {"cpu": "4"}, used, **kw))
+    return quota.quota_room(rq("q", hard or {"cpu": "4"}, used, **kw))
 
 
 @pytest.mark.parametrize(
@@ -556,12 +556,12 @@ def room(hard: dict | None = None, used: dict | None = None, **kw: Any) -> dict:
     ],
 )
 def test_quota_freed(before: dict | None, after: dict | None, freed: bool) -> None:
-    assert gang.quota_freed(before, after) is freed
+    assert quota.quota_freed(before, after) is freed
 
 
 def test_a_quota_room_ignores_what_is_not_room() -> None:
     labelled = {**rq("q", {"cpu": "4"}, {"cpu": "1"}), "metadata": {"labels": {"a": "b"}}}
-    assert gang.quota_room(labelled) == room(used={"cpu": "1"})
+    assert quota.quota_room(labelled) == room(used={"cpu": "1"})
     assert room(used={"cpu": "1"})["used"] == {"cpu": F(1)}
 
 
