@@ -6,9 +6,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from integration_harness import Kube, OperatorProcess
+from integration_harness import VOLCANO_GROUP, VOLCANO_VERSION, Kube, OperatorProcess, wait_for
 
 from tests.support.control_plane import REPO_ROOT, ControlPlane, find_binaries
 
@@ -82,3 +83,59 @@ def kube(control_plane: ControlPlane) -> Iterator[Kube]:
 def own_kube(control_plane: ControlPlane) -> Iterator[Kube]:
     """A fresh namespace no shared operator watches, for tests that run their own."""
     yield from _namespace(control_plane, OWN_PREFIX)
+
+
+@pytest.fixture(scope="module")
+def volcano_pod_group_crd(control_plane: ControlPlane) -> Iterator[None]:
+    """Volcano's PodGroup API (its schema reduced to "any object"), what the operator writes
+    to, for one module; scheduler-plugins' PodGroup API stays uninstalled on purpose. A module
+    before may have just deleted it: that one must be gone before it is created again."""
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    name = f"podgroups.{VOLCANO_GROUP}"
+    api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    ext = client.ApiextensionsV1Api(api_client)
+
+    def crd() -> Any:
+        try:
+            return ext.read_custom_resource_definition(name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    try:
+        wait_for("an earlier PodGroup CRD to go", lambda: crd() is None, timeout=60)
+        version = {
+            "name": VOLCANO_VERSION,
+            "served": True,
+            "storage": True,
+            "schema": {
+                "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            },
+        }
+        names = {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"}
+        body = {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {
+                "group": VOLCANO_GROUP,
+                "scope": "Namespaced",
+                "names": names,
+                "versions": [version],
+            },
+        }
+        ext.create_custom_resource_definition(body)
+
+        def established() -> bool:
+            found = crd()
+            conds = (found.status.conditions or []) if found else []
+            return any(c.type == "Established" and c.status == "True" for c in conds)
+
+        wait_for("PodGroup CRD established", established, timeout=30)
+        yield
+        ext.delete_custom_resource_definition(name)
+    finally:
+        api_client.close()

@@ -15,6 +15,9 @@ from typing import Any
 from tests.support.control_plane import REPO_ROOT, ControlPlane, free_port
 from tests.support.waiting import wait_for
 
+#: Volcano's PodGroup API (the ``volcano_pod_group_crd`` fixture installs it).
+VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
+
 #: Seconds :meth:`OperatorProcess.stop` waits for the operator to exit before it kills it:
 #: about 1 s alone, more on a loaded machine.
 STOP_WITHIN = 10.0

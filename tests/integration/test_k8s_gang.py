@@ -5,55 +5,13 @@ Event when no gang scheduler is configured but the job asks for one."""
 from __future__ import annotations
 
 import pytest
-from integration_harness import OperatorProcess, manifest, wait_for
-
-VOLCANO_GROUP, VOLCANO_VERSION = "scheduling.volcano.sh", "v1beta1"
-
-
-@pytest.fixture(scope="module")
-def volcano_pod_group_crd(control_plane):
-    """Volcano's PodGroup API (its schema reduced to "any object"): what the operator writes
-    to. Scheduler-plugins' PodGroup API is left uninstalled on purpose."""
-    from kubernetes import client, config
-
-    api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
-    ext = client.ApiextensionsV1Api(api_client)
-    name = f"podgroups.{VOLCANO_GROUP}"
-    body = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": name},
-        "spec": {
-            "group": VOLCANO_GROUP,
-            "scope": "Namespaced",
-            "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"},
-            "versions": [
-                {
-                    "name": VOLCANO_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "x-kubernetes-preserve-unknown-fields": True,
-                        }
-                    },
-                }
-            ],
-        },
-    }
-    ext.create_custom_resource_definition(body)
-
-    def established():
-        conds = ext.read_custom_resource_definition(name).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conds)
-
-    wait_for("PodGroup CRD established", established, timeout=30)
-    try:
-        yield
-    finally:
-        ext.delete_custom_resource_definition(name)
-        api_client.close()
+from integration_harness import (
+    VOLCANO_GROUP,
+    VOLCANO_VERSION,
+    OperatorProcess,
+    manifest,
+    wait_for,
+)
 
 
 def pod_groups(kube):

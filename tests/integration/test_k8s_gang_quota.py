@@ -12,64 +12,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from integration_harness import OperatorProcess, manifest, wait_for
+from integration_harness import (
+    VOLCANO_GROUP,
+    VOLCANO_VERSION,
+    OperatorProcess,
+    manifest,
+    wait_for,
+)
 
-GROUP, VERSION = "scheduling.volcano.sh", "v1beta1"
-CRD_NAME = f"podgroups.{GROUP}"
 QUOTA = "gang-quota"
 
 
-@pytest.fixture(scope="module")
-def volcano_crd(control_plane) -> Iterator[None]:
-    """Volcano's PodGroup API (schema: any object). test_k8s_gang.py installs the same CRD for
-    its module and deletes it after: wait until that one is gone before creating it again."""
-    from kubernetes import client, config
-    from kubernetes.client.exceptions import ApiException
-
-    api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
-    ext = client.ApiextensionsV1Api(api_client)
-
-    def crd() -> Any:
-        try:
-            return ext.read_custom_resource_definition(CRD_NAME)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-    try:
-        wait_for("an earlier PodGroup CRD to go", lambda: crd() is None, timeout=60)
-        version = {
-            "name": VERSION,
-            "served": True,
-            "storage": True,
-            "schema": {
-                "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-            },
-        }
-        names = {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"}
-        body = {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": CRD_NAME},
-            "spec": {"group": GROUP, "scope": "Namespaced", "names": names, "versions": [version]},
-        }
-        ext.create_custom_resource_definition(body)
-
-        def established() -> bool:
-            found = crd()
-            conds = (found.status.conditions or []) if found else []
-            return any(c.type == "Established" and c.status == "True" for c in conds)
-
-        wait_for("PodGroup CRD established", established, timeout=30)
-        yield
-        ext.delete_custom_resource_definition(CRD_NAME)
-    finally:
-        api_client.close()
-
-
 @pytest.fixture
-def gang_operator(own_kube, control_plane, volcano_crd) -> Iterator[OperatorProcess]:
+def gang_operator(own_kube, control_plane, volcano_pod_group_crd) -> Iterator[OperatorProcess]:
     """An operator of the test's namespace whose jobs are gangs for Volcano."""
     op = OperatorProcess(
         control_plane,
@@ -92,7 +47,9 @@ def gang_job(name: str, workers: int, cpu: str) -> dict[str, Any]:
 
 
 def pod_groups(kube) -> list[str]:
-    items = kube.custom.list_namespaced_custom_object(GROUP, VERSION, kube.ns, "podgroups")
+    items = kube.custom.list_namespaced_custom_object(
+        VOLCANO_GROUP, VOLCANO_VERSION, kube.ns, "podgroups"
+    )
     return [
         g["metadata"]["name"] for g in items["items"] if not g["metadata"].get("deletionTimestamp")
     ]
