@@ -221,11 +221,20 @@ def wait_established(cp, crd: str, timeout: float = 60.0) -> None:
         time.sleep(0.5)
 
 
-def peak_rss_mib(pid: int) -> float:
+def _status_mib(pid: int, field: str) -> float:
+    """A memory figure of ``/proc/PID/status`` (kB there), in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def peak_rss_mib(pid: int) -> float:
+    return _status_mib(pid, "VmHWM")
+
+
+def rss_mib(pid: int) -> float:
+    return _status_mib(pid, "VmRSS")
 
 
 def stop_process(proc: subprocess.Popen | None) -> None:
@@ -483,13 +492,6 @@ def set_running(api: Api, ns: str, names: list[str]) -> None:
             status,
             content_type="application/merge-patch+json",
         )
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def wait_state(api: Api, ns: str, jobs: int, timeout: float) -> None:
