@@ -39,11 +39,28 @@ def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> No
     assert "[WARNING]" not in out and "[ERROR]" not in out, out
 
 
+#: CRDs of crds/ that the chart does not install from its crds/ folder (Helm installs everything
+#: there, always) but carries in optional-crds/, for a template to install on a value.
+OPTIONAL_CRDS = {"kubeflow.org_tfjobs.yaml": "tfjob.enabled"}
+
+
+def chart_crd_path(name: str) -> str:
+    """Where the chart carries the copy of crds/<name>."""
+    return f"{'optional-crds' if name in OPTIONAL_CRDS else 'crds'}/{name}"
+
+
 def test_chart_crds_are_byte_identical_to_the_repository_crds() -> None:
-    """crds/ is the one source; the chart carries a copy (helm needs the files inside it)."""
+    """crds/ is the one source; the chart carries a copy (helm needs the files inside it), the
+    optional ones in optional-crds/."""
     source = {p.name: p.read_bytes() for p in (REPO_ROOT / "crds").glob("*.yaml")}
-    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    chart = {
+        p.name: p.read_bytes()
+        for folder in ("crds", "optional-crds")
+        for p in (CHART / folder).glob("*.yaml")
+    }
     assert source, "no CRDs in crds/"
+    assert OPTIONAL_CRDS.keys() <= source.keys()
+    assert {p.name for p in (CHART / "optional-crds").glob("*.yaml")} == OPTIONAL_CRDS.keys()
     differ = sorted(n for n in source.keys() | chart.keys() if source.get(n) != chart.get(n))
     assert not differ, (
         f"helm chart CRDs differ from crds/ in {differ}: run tools/sync-chart-crds.sh"
@@ -56,16 +73,17 @@ def test_packaged_chart_carries_crds_schema_and_renders(helm: Helm, tmp_path: Pa
     with tarfile.open(tgz) as tar:
         names = set(tar.getnames())
         for crd in (REPO_ROOT / "crds").glob("*.yaml"):
-            member = tar.extractfile(f"strategyjob-operator/crds/{crd.name}")
+            member = tar.extractfile(f"strategyjob-operator/{chart_crd_path(crd.name)}")
             assert member is not None and member.read() == crd.read_bytes()
     assert "strategyjob-operator/values.schema.json" in names
     assert "strategyjob-operator/templates/NOTES.txt" in names
-    out = helm.run("template", "sjob", str(tgz), "--include-crds").stdout
-    kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
     crds = [
         d for f in (REPO_ROOT / "crds").glob("*.yaml") for d in yaml.safe_load_all(f.read_text())
     ]
-    assert kinds.count("CustomResourceDefinition") == len(crds) and "Deployment" in kinds
+    out = helm.run("template", "sjob", str(tgz), "--include-crds").stdout
+    kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
+    installed = len(crds) - len(OPTIONAL_CRDS)
+    assert kinds.count("CustomResourceDefinition") == installed and "Deployment" in kinds
 
 
 # --- values schema -----------------------------------------------------------------------------
