@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from helm_harness import CHART, Helm, find, only, rule_keys
-from operator_api_calls import calls_for, gang_calls
+from operator_api_calls import calls_for, gang_calls, tfjob_calls
 
 from tests.support.control_plane import REPO_ROOT
 
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 FULLNAME = "sjob-strategyjob-operator"
 NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}")
+TFJOB = ("--set", "tfjob.enabled=true")
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -32,15 +33,17 @@ def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
 # --- lint, CRDs, packaging ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+@pytest.mark.parametrize(
+    "values", [(), NAMESPACED, TFJOB], ids=["cluster-wide", "namespaced", "tfjob"]
+)
 def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> None:
     out = helm.run("lint", "--strict", str(CHART), *values).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
     assert "[WARNING]" not in out and "[ERROR]" not in out, out
 
 
-#: CRDs of crds/ that the chart does not install from its crds/ folder (Helm installs everything
-#: there, always) but carries in optional-crds/, for a template to install on a value.
+#: CRDs of crds/ that the chart installs only on a value (tfjob.enabled), from optional-crds/:
+#: Helm installs everything in a chart's crds/ folder, always.
 OPTIONAL_CRDS = {"kubeflow.org_tfjobs.yaml": "tfjob.enabled"}
 
 
@@ -80,10 +83,10 @@ def test_packaged_chart_carries_crds_schema_and_renders(helm: Helm, tmp_path: Pa
     crds = [
         d for f in (REPO_ROOT / "crds").glob("*.yaml") for d in yaml.safe_load_all(f.read_text())
     ]
-    out = helm.run("template", "sjob", str(tgz), "--include-crds").stdout
-    kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
-    installed = len(crds) - len(OPTIONAL_CRDS)
-    assert kinds.count("CustomResourceDefinition") == installed and "Deployment" in kinds
+    for sets, installed in (((), len(crds) - len(OPTIONAL_CRDS)), (TFJOB, len(crds))):
+        out = helm.run("template", "sjob", str(tgz), "--include-crds", *sets).stdout
+        kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
+        assert kinds.count("CustomResourceDefinition") == installed and "Deployment" in kinds
 
 
 # --- values schema -----------------------------------------------------------------------------
@@ -548,3 +551,53 @@ def test_a_gang_scheduler_adds_exactly_its_calls_to_the_rbac(
     with_gang = rule_keys(only(docs, kind, name=FULLNAME, **where)["rules"])
     assert with_gang - base == {(x.group, x.resource, x.verb, ()) for x in gang_calls(group)}
     assert base <= with_gang
+
+
+# --- tfjob.enabled: Kubeflow TFJobs served beside StrategyJobs ------------------------------------
+
+
+def _tfjob_crds(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return find(docs, "CustomResourceDefinition", name="tfjobs.kubeflow.org")
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_tfjobs_are_off_by_default(helm: Helm, values: tuple[str, ...]) -> None:
+    docs = helm.render(*values)
+    assert _tfjob_crds(docs) == []
+    assert "STRATEGYJOB_SERVE_TFJOBS" not in env_of(docs)
+    for doc in find(docs, "ClusterRole") + find(docs, "Role"):
+        assert not [k for k in rule_keys(doc["rules"]) if k[0] == "kubeflow.org"], doc
+
+
+def test_tfjob_enabled_installs_the_repository_crd_kept_on_uninstall(helm: Helm) -> None:
+    """The rendered CRD is crds/kubeflow.org_tfjobs.yaml, with the release's labels and Helm's
+    keep policy (deleting it would delete every TFJob), and the operator serves TFJobs."""
+    docs = helm.render(*TFJOB)
+    (crd,) = _tfjob_crds(docs)
+    source = yaml.safe_load((REPO_ROOT / "crds" / "kubeflow.org_tfjobs.yaml").read_text())
+    meta = crd["metadata"]
+    assert meta.pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert meta.pop("labels")["app.kubernetes.io/instance"] == "sjob"
+    assert crd == source
+    assert env_of(docs)["STRATEGYJOB_SERVE_TFJOBS"] == "true"
+    # Where the cluster has the CRD already (Kubeflow installed it): only the operator's side.
+    docs = helm.render(*TFJOB, "--set", "tfjob.installCRD=false")
+    assert _tfjob_crds(docs) == []
+    assert env_of(docs)["STRATEGYJOB_SERVE_TFJOBS"] == "true"
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_tfjob_enabled_adds_exactly_its_calls_to_the_rbac(
+    helm: Helm, values: tuple[str, ...]
+) -> None:
+    kind, where = ("Role", {"namespace": "team-b"}) if values else ("ClusterRole", {})
+    base = rule_keys(only(helm.render(*values), kind, name=FULLNAME, **where)["rules"])
+    served = rule_keys(only(helm.render(*values, *TFJOB), kind, name=FULLNAME, **where)["rules"])
+    assert served - base == {(x.group, x.resource, x.verb, ()) for x in tfjob_calls()}
+    assert base <= served
+    assert ("kubeflow.org", "tfjobs/status", "patch", ()) in served
+
+
+def test_tfjob_schema_rejects_a_wrong_type_naming_the_field(helm: Helm) -> None:
+    proc = helm.run("template", "sjob", str(CHART), "--set", "tfjob.enabled=yes", check=False)
+    assert proc.returncode != 0 and "/tfjob/enabled" in proc.stderr, proc.stderr
