@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import yaml
 from integration_harness import Kube
 
 from tests.support import kubeflow_tfjobs
+from tests.support.control_plane import REPO_ROOT
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 #: What the API server adds to what was written: the CRD's defaults (as training-operator's),
@@ -275,3 +277,26 @@ def test_queue_is_immutable_and_replicas_may_change(kube):
     done = kubectl_apply(kube, manifest)
     assert done.returncode != 0
     assert "spec.runPolicy.schedulingPolicy.queue is immutable" in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_the_migration_guides_worked_example_is_kubeflows_and_its_strategyjob_is_accepted(kube):
+    """docs/migrating-from-tfjob.md: its TFJob is Kubeflow's simple.yaml as the tests hold it,
+    and the StrategyJob it becomes passes the StrategyJob CRD's validation, strictly."""
+    guide = (REPO_ROOT / "docs" / "migrating-from-tfjob.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", guide, re.S)]
+    tfjob_doc, strategyjob_doc = blocks
+    assert tfjob_doc == kubeflow_tfjobs.load("example-simple", "kubeflow")
+    assert strategyjob_doc["kind"] == "StrategyJob"
+    strategyjob_doc["metadata"]["namespace"] = kube.ns
+    done = kube.cp.kubectl(
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "-f",
+        "-",
+        input=yaml.safe_dump(strategyjob_doc),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
