@@ -300,3 +300,29 @@ def test_the_migration_guides_worked_example_is_kubeflows_and_its_strategyjob_is
     )
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_misspelt_field_is_refused_naming_it(kube):
+    """Strict field validation, as against training-operator's CRD: a typo outside the pod
+    template is an error naming the field, not a silently dropped setting."""
+    manifest = kubeflow_tfjobs.load("example-simple", kube.ns)
+    manifest["spec"]["runpolicy"] = {"cleanPodPolicy": "None"}
+    done = kubectl_apply(kube, manifest)
+    assert done.returncode != 0, done.stdout
+    assert 'unknown field "spec.runpolicy"' in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_large_tfjob_stays_within_the_validation_cost_budget(kube):
+    """Chief, PS, Evaluator and 1000 Workers, pods of nine containers: the CEL rules' cost at
+    admission stays under the API server's limit."""
+    manifest = kubeflow_tfjobs.load("example-simple", kube.ns)
+    worker = _worker(manifest)
+    sidecars = [{"name": f"side-{i}", "image": "busybox"} for i in range(8)]
+    worker["template"]["spec"]["containers"] += sidecars
+    worker["replicas"] = 1000
+    for rtype in ("Chief", "PS", "Evaluator"):
+        _add(manifest, rtype)
+    done = kubectl_apply(kube, manifest)
+    assert done.returncode == 0, done.stderr
