@@ -481,6 +481,13 @@ def test_notes_give_the_next_commands(
     assert f"kubectl apply{namespace_flag} -f examples/digits_mwms/k8s.yaml" in notes
     assert f"kubectl get sjob{namespace_flag} -w" in notes
     assert "kubectl -n ops get pods -l app.kubernetes.io/instance=sjob" in notes
+    assert "tfjobs" not in notes
+    out = helm.run(
+        "install", "sjob", str(CHART), "--dry-run=client", "-n", "ops", *values, *TFJOB
+    ).stdout
+    tfjob_notes = out.split("NOTES:", 1)[1]
+    listing = f"kubectl get tfjobs{namespace_flag or ' -A'}\n"
+    assert "It also serves Kubeflow TFJobs" in tfjob_notes and listing in tfjob_notes, tfjob_notes
 
 
 # --- RBAC: exactly the operator's calls ----------------------------------------------------------
