@@ -80,26 +80,35 @@ def pod_spec_quantities(spec: Any, path: str) -> Iterator[tuple[str, Any]]:
             yield from _divisors(items, f"{at}.projected.sources[{k}].downwardAPI.items")
 
 
-def bad_quantities(job_spec: Mapping[str, Any], replicas_key: str = "replicaSpecs") -> list[str]:
+#: The map of replica specs in a StrategyJob's spec and in a Kubeflow TFJob's, with the path of
+#: one replica type in each, as the API server writes it: a StrategyJob's types are fields, a
+#: TFJob's the keys of a map.
+REPLICA_KEYS = {"replicaSpecs": "spec.replicaSpecs.{}", "tfReplicaSpecs": "spec.tfReplicaSpecs[{}]"}
+
+
+def bad_quantities(job_spec: Mapping[str, Any], replicas_key: str | None = None) -> list[str]:
     """Each quantity of the job's pod templates that the API server cannot parse, as
     ``<field>: "<value>" is not a quantity``, in the order of the spec. ``replicas_key`` names
-    the map of replica specs (``tfReplicaSpecs`` in a TFJob)."""
+    the map of replica specs; None: whichever of :data:`REPLICA_KEYS` the spec has."""
+    if replicas_key is None:
+        replicas_key = next((k for k in REPLICA_KEYS if k in job_spec), "replicaSpecs")
     found = []
+    replica_path = REPLICA_KEYS.get(replicas_key, f"spec.{replicas_key}.{{}}")
     for rtype, replica in _map(job_spec.get(replicas_key)).items():
         pod_spec = _map(_map(replica).get("template")).get("spec")
-        at = f"spec.{replicas_key}.{rtype}.template.spec"
-        for path, value in pod_spec_quantities(pod_spec, at):
+        at = f"{replica_path.format(rtype)}.template.spec"
+        for field, value in pod_spec_quantities(pod_spec, at):
             if value is not None and parse_quantity(value) is None:
-                found.append(f"{path}: {json.dumps(value)} is not a quantity")
+                found.append(f"{field}: {json.dumps(value)} is not a quantity")
     return found
 
 
 def naming_fields(
-    error: Exception, job_spec: Mapping[str, Any], replicas_key: str = "replicaSpecs"
+    error: Exception, job_spec: Mapping[str, Any], replicas_key: str | None = None
 ) -> Exception:
     """``error``, a refused pod creation, with the template fields the API server could not
     decode named first (HTTP 400: it names none), and what to write instead; any other error
-    is returned as it is."""
+    is returned as it is. ``replicas_key`` as in :func:`bad_quantities`."""
     if not isinstance(error, ApiError) or error.status != 400:
         return error
     fields = bad_quantities(job_spec, replicas_key)

@@ -92,11 +92,31 @@ def test_every_quantity_field_of_a_pod_is_looked_at() -> None:
 
 
 def test_a_tfjob_template_is_named_under_its_own_replica_key() -> None:
+    """A TFJob's replica types are map keys: ``[Worker]``, as the API server writes them."""
     spec = job_spec({"containers": [container(limits={"cpu": "lots"})]}, "tfReplicaSpecs", "Worker")
-    assert bad_quantities(spec, "tfReplicaSpecs") == [
-        'spec.tfReplicaSpecs.Worker.template.spec.containers[0].resources.limits.cpu: "lots" '
+    named = [
+        'spec.tfReplicaSpecs[Worker].template.spec.containers[0].resources.limits.cpu: "lots" '
         "is not a quantity"
     ]
+    assert bad_quantities(spec, "tfReplicaSpecs") == named
+    assert bad_quantities(spec) == named  # the key the spec has
+    assert bad_quantities(spec, "replicaSpecs") == []
+    message = str(naming_fields(UNDECODABLE, spec))
+    assert "spec.tfReplicaSpecs[Worker].template.spec.containers[0].resources.limits.cpu" in message
+
+
+def test_each_replica_type_is_named_in_the_order_of_the_spec() -> None:
+    spec = job_spec({"containers": [container(limits={"cpu": "lots"})]}, rtype="chief")
+    worker = {"containers": [container(requests={"memory": "much"})]}
+    spec["replicaSpecs"]["worker"] = {"replicas": 2, "template": {"spec": worker}}
+    assert bad_quantities(spec) == [
+        'spec.replicaSpecs.chief.template.spec.containers[0].resources.limits.cpu: "lots" '
+        "is not a quantity",
+        'spec.replicaSpecs.worker.template.spec.containers[0].resources.requests.memory: "much" '
+        "is not a quantity",
+    ]
+    message = str(naming_fields(UNDECODABLE, spec))
+    assert '"lots" is not a quantity; spec.replicaSpecs.worker.template' in message
 
 
 def test_malformed_templates_are_skipped_not_crashed_on() -> None:
