@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
-from strategyjob_operator import observe, quota
+from strategyjob_operator import quota
 from strategyjob_operator.plan import Event, Plan
 
 if TYPE_CHECKING:
@@ -289,7 +289,8 @@ async def release_pod_group(
         existing = await api.get_metadata(path)
         if existing is None or existing["metadata"].get("deletionTimestamp"):
             return False
-        if observe.controller_uid(existing) != uid:
+        refs = existing["metadata"].get("ownerReferences") or []
+        if not any(r.get("controller") and r.get("uid") == uid for r in refs):
             return False  # not this job's: never the operator's to delete
         gone = await api.delete(path, uid=existing["metadata"].get("uid"))
     except Exception as e:  # retried by the next pass of the suspended job

@@ -347,12 +347,9 @@ def _tfjob_env(
     tfjob: TFJob, replica_type: str, index: int, restart_attempt: int, tf_config_value: str | None
 ) -> dict[str, str]:
     """The StrategyJob environment of a TFJob's replica (torch rendezvous at the leader's
-    Service), its ``TF_CONFIG`` being ``tf_config_value`` and its pod name TFJob's."""
-    env = _replica_env(
-        tfjob.job, replica_type, index, tfjob.cluster(), restart_attempt, tf_config_value
-    )
-    env[ENV_POD_NAME] = tfjob.pod_name(replica_type, index)
-    return env
+    Service), its ``TF_CONFIG`` being ``tf_config_value``."""
+    cluster = tfjob.cluster()
+    return _replica_env(tfjob.job, replica_type, index, cluster, restart_attempt, tf_config_value)
 
 
 def tfjob_replica_env(

@@ -10,6 +10,7 @@ has is kept in the :class:`TFJob` record beside the StrategyJob.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -119,6 +120,8 @@ def load_tfjob(obj: Any) -> TFJob:
     if raw_spec is not None and not isinstance(raw_spec, Mapping):
         add(msg.NOT_A_MAPPING, raw_spec, path="spec")
     job = load_translated(manifest, paths, problems)
+    pod_types = {t: r.type_name for t, r in replicas.items() if r.type_name != t}
+    job = dataclasses.replace(job, pod_types=pod_types) if pod_types else job
     uid = (obj.get("metadata") or {}).get("uid")
     return TFJob(
         job=job,

@@ -103,7 +103,7 @@ class TFJob:
 
     def pod_name(self, replica_type: str, index: int) -> str:
         """``<job>-<type>-<index>``: the pod's and its Service's name."""
-        return f"{self.job.name}-{self.type_name(replica_type)}-{index}"
+        return self.job.pod_name(replica_type, index)
 
     def address(self, replica_type: str, index: int) -> str:
         """``<job>-<type>-<i>.<namespace>.svc:<port>``: the replica's Service, as

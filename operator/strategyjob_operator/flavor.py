@@ -1,0 +1,135 @@
+"""The kinds of job the operator serves, as data: a StrategyJob and a Kubeflow
+``kubeflow.org/v1`` TFJob go through the same reconciler and the same pure decisions; a
+:class:`Flavor` says where the job lives, how its manifest is read and how its status
+reads, and the :class:`Loaded` job carries the TFJob's differences (names, labels,
+Services, ``TF_CONFIG``) to the builders in :mod:`.children`.
+
+The decisions work on StrategyJob's status (lowercase replica types, StrategyJob's
+reasons); a TFJob's status is translated at the boundary, both ways, so that what is
+written is what training-operator writes (``replicaStatuses`` keyed ``Worker``/``PS``,
+reasons ``TFJobCreated``/``TFJobRunning``…) and what is read back decides as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from strategyjob import jobspec
+
+from strategyjob_operator import constants as c
+
+#: The operator setting that makes it serve TFJobs too (the chart's ``tfjob.enabled``).
+ENV_SERVE_TFJOBS = "STRATEGYJOB_SERVE_TFJOBS"
+
+#: TFJob's labels on its pods and Services (training-operator v1.9 ``GenLabels``).
+TF_LABEL_JOB_NAME = "training.kubeflow.org/job-name"
+TF_LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+TF_LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+TF_LABEL_OPERATOR_NAME = "training.kubeflow.org/operator-name"
+TF_LABEL_JOB_ROLE = "training.kubeflow.org/job-role"
+TF_OPERATOR_NAME = "tfjob-controller"
+TF_ROLE_MASTER = "master"
+
+#: The reasons whose ``StrategyJob`` prefix names the kind (``StrategyJobCreated``).
+_KIND_PREFIX = "StrategyJob"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A job read from the API server: the StrategyJob it runs as, and for a TFJob the
+    TFJob record (its names, ports, labels and ``TF_CONFIG`` differ)."""
+
+    job: jobspec.StrategyJob
+    tfjob: jobspec.TFJob | None = None
+
+    @property
+    def served(self) -> bool:
+        """False for a TFJob another controller manages (``runPolicy.managedBy``)."""
+        return self.tfjob is None or self.tfjob.served
+
+
+def _load_strategyjob(obj: Mapping[str, Any]) -> Loaded:
+    return Loaded(jobspec.load_manifest(obj))
+
+
+def _load_tfjob(obj: Mapping[str, Any]) -> Loaded:
+    tfjob = jobspec.load_tfjob(obj)
+    return Loaded(tfjob.job, tfjob)
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One kind of job: its API coordinates, its reader, and the prefix of its reasons."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    load: Callable[[Mapping[str, Any]], Loaded]
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    def job_path(self, namespace: str, name: str = "", subresource: str = "") -> str:
+        path = f"/apis/{self.group}/{self.version}/namespaces/{namespace}/{self.plural}"
+        if name:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+    def reason(self, reason: str) -> str:
+        """A decision's reason as this kind writes it (``StrategyJobRunning`` →
+        ``TFJobRunning``)."""
+        if self.kind != c.KIND and reason.startswith(_KIND_PREFIX):
+            return self.kind + reason[len(_KIND_PREFIX) :]
+        return reason
+
+    def _internal_reason(self, reason: Any) -> Any:
+        if self.kind != c.KIND and isinstance(reason, str) and reason.startswith(self.kind):
+            return _KIND_PREFIX + reason[len(self.kind) :]
+        return reason
+
+    def external_status(self, status: Mapping[str, Any], loaded: Loaded) -> dict[str, Any]:
+        """The status as the job's kind writes it, from the decisions' ``status``."""
+        return _translated(status, loaded, self.reason, external=True)
+
+    def internal_status(self, status: Mapping[str, Any], loaded: Loaded) -> dict[str, Any]:
+        """The status the decisions read, from the one the API server holds."""
+        return _translated(status, loaded, self._internal_reason, external=False)
+
+
+def _translated(
+    status: Mapping[str, Any], loaded: Loaded, reason: Callable[[Any], Any], *, external: bool
+) -> dict[str, Any]:
+    out = dict(status)
+    tfjob = loaded.tfjob
+    if tfjob is None:
+        return out
+    conds = status.get("conditions")
+    if isinstance(conds, list):
+        out["conditions"] = [
+            {**x, "reason": reason(x.get("reason"))} if isinstance(x, Mapping) else x for x in conds
+        ]
+    counts = status.get("replicaStatuses")
+    if isinstance(counts, Mapping):
+        keys = {t: tfjob.key(t) for t in tfjob.replicas}
+        if not external:
+            keys = {k: t for t, k in keys.items()}
+        out["replicaStatuses"] = {keys.get(k, k): v for k, v in counts.items()}
+    return out
+
+
+STRATEGYJOB = Flavor(c.KIND, c.GROUP, c.VERSION, c.PLURAL, _load_strategyjob)
+TFJOB = Flavor(
+    jobspec.TFJOB_KIND,
+    jobspec.TFJOB_GROUP,
+    jobspec.TFJOB_VERSION,
+    jobspec.TFJOB_PLURAL,
+    _load_tfjob,
+)
+#: The kinds whose jobs control pods (owner references), by kind.
+FLAVORS = {f.kind: f for f in (STRATEGYJOB, TFJOB)}
