@@ -19,6 +19,7 @@ from typing import Any
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
+from strategyjob_operator.failures import OPTIONAL_TYPES
 
 #: The operator setting that makes it serve TFJobs too (the chart's ``tfjob.enabled``).
 ENV_SERVE_TFJOBS = "STRATEGYJOB_SERVE_TFJOBS"
@@ -43,6 +44,15 @@ class Loaded:
 
     job: jobspec.StrategyJob
     tfjob: jobspec.TFJob | None = None
+
+    @property
+    def optional_types(self) -> tuple[str, ...]:
+        """The replica types whose failure never fails the job: the evaluator, and under
+        ``enableDynamicWorker`` a TFJob's workers (training-operator ignores their failures;
+        here each is recreated alone while its restart policy allows)."""
+        if self.tfjob is not None and self.tfjob.enable_dynamic_worker:
+            return (*OPTIONAL_TYPES, "worker")
+        return OPTIONAL_TYPES
 
     @property
     def served(self) -> bool:
@@ -88,6 +98,18 @@ class Flavor:
             return self.kind + reason[len(_KIND_PREFIX) :]
         return reason
 
+    def message(self, text: str, job_name: str) -> str:
+        """A decision's message as this kind writes it: ``StrategyJob <job> ...`` names the
+        job by its kind (``TFJob <job> is running.``)."""
+        if self.kind == c.KIND:
+            return text
+        return text.replace(f"{_KIND_PREFIX} {job_name}", f"{self.kind} {job_name}")
+
+    def _internal_message(self, text: str, job_name: str) -> str:
+        if self.kind == c.KIND:
+            return text
+        return text.replace(f"{self.kind} {job_name}", f"{_KIND_PREFIX} {job_name}")
+
     def _internal_reason(self, reason: Any) -> Any:
         if self.kind != c.KIND and isinstance(reason, str) and reason.startswith(self.kind):
             return _KIND_PREFIX + reason[len(self.kind) :]
@@ -95,15 +117,22 @@ class Flavor:
 
     def external_status(self, status: Mapping[str, Any], loaded: Loaded) -> dict[str, Any]:
         """The status as the job's kind writes it, from the decisions' ``status``."""
-        return _translated(status, loaded, self.reason, external=True)
+        return _translated(status, loaded, self.reason, self.message, external=True)
 
     def internal_status(self, status: Mapping[str, Any], loaded: Loaded) -> dict[str, Any]:
         """The status the decisions read, from the one the API server holds."""
-        return _translated(status, loaded, self._internal_reason, external=False)
+        return _translated(
+            status, loaded, self._internal_reason, self._internal_message, external=False
+        )
 
 
 def _translated(
-    status: Mapping[str, Any], loaded: Loaded, reason: Callable[[Any], Any], *, external: bool
+    status: Mapping[str, Any],
+    loaded: Loaded,
+    reason: Callable[[Any], Any],
+    message: Callable[[str, str], str],
+    *,
+    external: bool,
 ) -> dict[str, Any]:
     out = dict(status)
     tfjob = loaded.tfjob
@@ -112,7 +141,8 @@ def _translated(
     conds = status.get("conditions")
     if isinstance(conds, list):
         out["conditions"] = [
-            {**x, "reason": reason(x.get("reason"))} if isinstance(x, Mapping) else x for x in conds
+            _condition(x, reason, message, loaded.job.name) if isinstance(x, Mapping) else x
+            for x in conds
         ]
     counts = status.get("replicaStatuses")
     if isinstance(counts, Mapping):
@@ -133,3 +163,15 @@ TFJOB = Flavor(
 )
 #: The kinds whose jobs control pods (owner references), by kind.
 FLAVORS = {f.kind: f for f in (STRATEGYJOB, TFJOB)}
+
+
+def _condition(
+    condition: Mapping[str, Any],
+    reason: Callable[[Any], Any],
+    message: Callable[[str, str], str],
+    job_name: str,
+) -> dict[str, Any]:
+    out = {**condition, "reason": reason(condition.get("reason"))}
+    if isinstance(condition.get("message"), str):
+        out["message"] = message(condition["message"], job_name)
+    return out

@@ -330,6 +330,7 @@ class Reconciler:
             replicas,
             now,
             lost_pod_seconds=self.settings.lost_pod_seconds,
+            optional_types=loaded.optional_types,
         )
         if plan.action is not decide.Action.NONE:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
@@ -788,6 +789,7 @@ class Reconciler:
         for event in events:
             try:
                 reason = self.flavor.reason(event.reason)
-                await self.api.post_event(job_obj, event.type, reason, event.message, ts)
+                message = self.flavor.message(event.message, job_obj["metadata"]["name"])
+                await self.api.post_event(job_obj, event.type, reason, message, ts)
             except ApiError as e:  # an Event is worth a log line, not a failed pass
                 logger.warning("Posting event %s failed: %s", event.reason, e)

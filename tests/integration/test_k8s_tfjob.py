@@ -145,6 +145,7 @@ def test_kubeflow_examples_get_training_operators_pods_services_and_tf_config(
         tf.set_phase(pod_name, "Running")
     running = wait_condition(tf, name, "Running")
     assert running["reason"] == "TFJobRunning"
+    assert running["message"] == f"TFJob {name} is running."
     status = tfjob(tf, name)["status"]
     keys = {expected.key(t) for t in expected.replicas}
     assert set(status["replicaStatuses"]) == keys  # CamelCase: Worker, PS
@@ -234,3 +235,36 @@ def test_a_tfjob_managed_by_multikueue_is_left_alone(tf: Kube) -> None:
     wait_condition(tf, "here", "Created")
     assert tf_pods(tf, "elsewhere") == {}
     assert not tfjob(tf, "elsewhere").get("status")
+
+
+@pytest.mark.timeout(90)
+def test_dynamic_worker_gets_its_sparse_tf_config_and_its_failure_does_not_fail_the_job(
+    tf: Kube,
+) -> None:
+    manifest = two_types("dyn", tf.ns, enableDynamicWorker=True)
+    expected = jobspec.load_tfjob(manifest)
+    create(tf, manifest)
+    pods = wait_tf_pods(tf, "dyn", 3)
+    env = tf.container_env(pods["dyn-worker-1"])
+    assert env["TF_CONFIG"] == (
+        '{"cluster":{"worker":{"1":"dyn-worker-1.' + tf.ns + '.svc:2222"},"ps":null},'
+        '"task":{"type":"worker","index":1}}'
+    )
+    assert tf.container_env(pods["dyn-chief-0"])["TF_CONFIG"] == jobspec.tfjob_tf_config(
+        expected, "chief", 0
+    )
+    for pod_name in pods:
+        tf.set_phase(pod_name, "Running")
+    wait_condition(tf, "dyn", "Running")
+    tf.set_phase("dyn-worker-1", "Failed", exit_code=1)
+
+    def given_up() -> dict[str, Any] | None:
+        worker = (tfjob(tf, "dyn").get("status") or {}).get("replicaStatuses", {}).get("Worker")
+        return worker if worker and worker.get("failedIndexes") == "1" else None
+
+    worker = wait_for("the worker given up", given_up, 30.0)
+    assert worker["failed"] == 1
+    conds = {x["type"]: x["status"] for x in tfjob(tf, "dyn")["status"]["conditions"]}
+    assert conds.get("Failed") != "True"
+    tf.set_phase("dyn-chief-0", "Succeeded", exit_code=0)
+    wait_condition(tf, "dyn", "Succeeded")

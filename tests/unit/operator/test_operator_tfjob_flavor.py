@@ -30,7 +30,12 @@ def test_status_reads_as_tfjob_writes_it_and_back() -> None:
     loaded = Loaded(tf.job, tf)
     internal = {
         "conditions": [
-            {"type": "Created", "status": "True", "reason": "StrategyJobCreated"},
+            {
+                "type": "Created",
+                "status": "True",
+                "reason": "StrategyJobCreated",
+                "message": "StrategyJob j (ParameterServerStrategy, 4 replicas) is created.",
+            },
             {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"},
         ],
         "replicaStatuses": {"chief": {"active": 1}, "worker": {"failed": 1}, "ps": {}},
@@ -38,6 +43,7 @@ def test_status_reads_as_tfjob_writes_it_and_back() -> None:
     }
     written = TFJOB.external_status(internal, loaded)
     assert [c["reason"] for c in written["conditions"]] == ["TFJobCreated", "BackoffLimitExceeded"]
+    assert written["conditions"][0]["message"].startswith("TFJob j (ParameterServerStrategy")
     assert written["replicaStatuses"] == {
         "Master": {"active": 1},
         "Worker": {"failed": 1},
