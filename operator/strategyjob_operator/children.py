@@ -15,6 +15,7 @@ source of truth shared with ``strategyjob run``.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -112,9 +113,16 @@ def build_replica_services(tfjob: jobspec.TFJob, owner: Mapping[str, Any]) -> li
     return services
 
 
-def cluster_config_map_name(job: jobspec.StrategyJob) -> str:
-    """``<job>-strategyjob-cluster``: the ConfigMap every pod of the job reads its cluster from."""
-    return jobspec.cluster_config_map_name(job.name)
+def cluster_config_map_name(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None = None) -> str:
+    """``<job>-strategyjob-cluster``: the ConfigMap every pod of the job reads its cluster
+    from. A TFJob's cluster changes when its ``replicas`` are edited, and pods made before
+    keep theirs (as under training-operator): each cluster has its own, immutable
+    ConfigMap, ``<job>-strategyjob-cluster-<hash>``."""
+    name = jobspec.cluster_config_map_name(job.name)
+    if tfjob is None:
+        return name
+    digest = hashlib.sha256(jobspec.tfjob_cluster_spec(tfjob).encode()).hexdigest()
+    return f"{name}-{digest[:10]}"
 
 
 def build_cluster_config_map(
@@ -125,7 +133,8 @@ def build_cluster_config_map(
     refers to that (:func:`build_pod`), so a job's pod specs grow with its size, not its
     square. Immutable (the kubelets need not watch it): a job's cluster never changes, as
     its name, namespace, port and replicas cannot (the CRD's rules). A TFJob's holds its
-    own cluster (:func:`strategyjob.jobspec.tfjob_cluster_spec`)."""
+    own cluster (:func:`strategyjob.jobspec.tfjob_cluster_spec`), one per cluster
+    (:func:`cluster_config_map_name`)."""
     if tfjob is not None:
         cluster = jobspec.tfjob_cluster_spec(tfjob)
     else:
@@ -133,7 +142,7 @@ def build_cluster_config_map(
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(job, cluster_config_map_name(job), owner),
+        "metadata": _meta(job, cluster_config_map_name(job, tfjob), owner),
         "immutable": True,
         "data": {jobspec.CLUSTER_SPEC_KEY: cluster},
     }
@@ -415,7 +424,7 @@ def build_pod(
         pod_spec["serviceAccountName"] = service_account_name(job)
 
     # edited in place: the container's own dict inside pod_spec (a deep copy of the template)
-    config_map = cluster_config_map_name(job)
+    config_map = cluster_config_map_name(job, tfjob)
     if tfjob is None:
         at = jobspec.training_container_index({"spec": pod_spec})
         env = jobspec.replica_env_by_reference(

@@ -21,7 +21,7 @@ from typing import Any
 
 from strategyjob import jobspec
 
-from strategyjob_operator import children, decide, gang, observe, progress
+from strategyjob_operator import children, decide, flavor, gang, observe, progress, scaling
 from strategyjob_operator import constants as c
 from strategyjob_operator.flavor import STRATEGYJOB, Flavor, Loaded
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
@@ -32,6 +32,8 @@ logger = logging.getLogger("strategyjob_operator")
 
 #: Seconds between passes while the pods of an earlier job of the same name are going.
 STALE_RETRY_SECONDS = 1.0
+#: Seconds until the pass after one that created the pods a TFJob's scale-up added.
+SCALE_RETRY_SECONDS = 0.1
 
 #: A job's per-job state is the job's, not its name's: (namespace, name, uid).
 JobKey = tuple[str, str, str]
@@ -316,6 +318,10 @@ class Reconciler:
         stale = [p for p in pods if uid and observe.left_by_earlier_job(p, uid, name, kind)]
         if stale:
             return await self._remove_stale_pods(namespace, name, stale)
+        generation = job_obj["metadata"].get("generation", 0)
+        if loaded.tfjob is not None and scaling.scaled(status, generation, job.run_policy.suspend):
+            if await self._scale(loaded, job_obj, pods, status):
+                return SCALE_RETRY_SECONDS  # decide once the new pods are there
         replicas = observe.observe(job, pods, uid)
         replicas, seen = observe.stamp_unknown(
             replicas, self._unknown_seen.pop(key, {}), decide.timestamp(now)
@@ -344,7 +350,6 @@ class Reconciler:
         retry = None
         extra_events: list[decide.Event] = []
         lost_wait = await self._force_delete_lost(namespace, replicas, now, extra_events)
-        generation = job_obj["metadata"].get("generation", 0)
         hold = decide.create_hold(self._create_backoff.get(key), generation, now)
         quota_frees = self._quota_frees[namespace]  # a quota freeing room from here on ends a wait
         if hold is not None and (plan.create or plan.ensure_service):
@@ -431,6 +436,36 @@ class Reconciler:
             d for d in (plan.requeue_after, retry, lost_wait, self._resync(plan)) if d is not None
         ]
         return min(delays) if delays else None
+
+    async def _scale(
+        self,
+        loaded: Loaded,
+        job_obj: dict[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        status: Mapping[str, Any],
+    ) -> bool:
+        """Carry out a TFJob's ``replicas`` edit (:mod:`.scaling`): delete the pods and
+        Services at indices it no longer has, create the Services, cluster ConfigMap and
+        pods of the indices it gained. True when pods were created (the pass ends: the next
+        one decides with them)."""
+        job, api, uid = loaded.job, self.api, job_obj["metadata"]["uid"]
+        ns = job.namespace
+        selector = f"{flavor.TF_LABEL_JOB_NAME}={job.name}"
+        services = await api.list_metadata(api.core_path(ns, "services"), selector)
+        doomed = scaling.surplus(job, pods, uid)
+        if doomed:
+            logger.info("%s %s/%s scaled down: deleting %s", self.flavor.kind, ns, job.name, doomed)
+            await self._delete_pods(ns, [n for n, _ in doomed], uids=dict(doomed))
+        for name, service_uid in scaling.surplus(job, services, uid):
+            await self._delete(api.core_path(ns, "services", name), uid=service_uid)
+        new = scaling.added(job, services)
+        if not new:
+            return False
+        logger.info("%s %s/%s scaled up: creating %s", self.flavor.kind, ns, job.name, new)
+        await self._ensure_job_objects(loaded, job_obj)
+        outcome = await self._create_pods(loaded, job_obj, new, status)
+        self.metrics.inc("pods_created", ns, outcome.created)
+        return True
 
     async def _create_pods(
         self,

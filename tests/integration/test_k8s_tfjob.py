@@ -268,3 +268,45 @@ def test_dynamic_worker_gets_its_sparse_tf_config_and_its_failure_does_not_fail_
     assert conds.get("Failed") != "True"
     tf.set_phase("dyn-chief-0", "Succeeded", exit_code=0)
     wait_condition(tf, "dyn", "Succeeded")
+
+
+@pytest.mark.timeout(90)
+def test_replicas_edits_scale_the_tfjob(tf: Kube) -> None:
+    create(tf, two_types("grow", tf.ns))
+    pods = wait_tf_pods(tf, "grow", 3)
+    before = {n: p["metadata"]["uid"] for n, p in pods.items()}
+    for pod_name in pods:
+        tf.set_phase(pod_name, "Running")
+    wait_condition(tf, "grow", "Running")
+
+    patch(tf, "grow", {"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 3}}}})
+    pods = wait_tf_pods(tf, "grow", 4)
+    assert {n: p["metadata"]["uid"] for n, p in pods.items() if n in before} == before
+    bigger = jobspec.load_tfjob(tfjob(tf, "grow"))
+    env = tf.container_env(pods["grow-worker-2"])
+    assert env["TF_CONFIG"] == jobspec.tfjob_tf_config(bigger, "worker", 2)
+    assert "grow-worker-2" in env["TF_CONFIG"]
+    wait_for("its Service", lambda: tf.core.read_namespaced_service("grow-worker-2", tf.ns))
+    tf.set_phase("grow-worker-2", "Running")
+
+    patch(tf, "grow", {"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 1}}}})
+
+    def shrunk() -> bool:
+        names = {p.metadata.name for p in tf.core.list_namespaced_service(tf.ns).items}
+        return set(tf_pods(tf, "grow")) == {"grow-chief-0", "grow-worker-0"} and names == {
+            "grow-chief-0",
+            "grow-worker-0",
+        }
+
+    wait_for("pods and Services at index >= 1 deleted", shrunk, 30.0)
+    wait_for(
+        "the edit observed",
+        lambda: (
+            tfjob(tf, "grow")["status"].get("observedGeneration")
+            == tfjob(tf, "grow")["metadata"]["generation"]
+        ),
+        30.0,
+    )
+    conds = {x["type"]: x["status"] for x in tfjob(tf, "grow")["status"]["conditions"]}
+    assert conds["Running"] == "True"
+    assert conds.get("Failed") != "True" and conds.get("Restarting") != "True"
