@@ -33,6 +33,13 @@ TF_LABEL_JOB_ROLE = "training.kubeflow.org/job-role"
 TF_OPERATOR_NAME = "tfjob-controller"
 TF_ROLE_MASTER = "master"
 
+#: The fields of a TFJob's ``replicaStatuses`` entries (training-operator's ReplicaStatus).
+TFJOB_REPLICA_STATUS_FIELDS = ("active", "succeeded", "failed", "selector", "labelSelector")
+#: Where a TFJob's status keeps the rest of StrategyJob's per-type bookkeeping (restarts,
+#: ``completedIndexes``, ``failedIndexes``, ``ready``), by CamelCase type: TFJob's CRD
+#: prunes unknown fields inside ``replicaStatuses`` but keeps them at the status' top.
+REPLICA_DETAILS = "strategyjobReplicaStatuses"
+
 #: The reasons whose ``StrategyJob`` prefix names the kind (``StrategyJobCreated``).
 _KIND_PREFIX = "StrategyJob"
 
@@ -144,13 +151,40 @@ def _translated(
             _condition(x, reason, message, loaded.job.name) if isinstance(x, Mapping) else x
             for x in conds
         ]
+    keys = {t: tfjob.key(t) for t in tfjob.replicas}
+    if external:
+        counts = status.get("replicaStatuses")
+        if isinstance(counts, Mapping):
+            out["replicaStatuses"], details = {}, {}
+            for t, entry in counts.items():
+                split = _split(entry)
+                out["replicaStatuses"][keys.get(t, t)], details[keys.get(t, t)] = split
+            out[REPLICA_DETAILS] = details
+        return out
+    backwards = {k: t for t, k in keys.items()}
     counts = status.get("replicaStatuses")
+    details = out.pop(REPLICA_DETAILS, None)
+    details = details if isinstance(details, Mapping) else {}
     if isinstance(counts, Mapping):
-        keys = {t: tfjob.key(t) for t in tfjob.replicas}
-        if not external:
-            keys = {k: t for t, k in keys.items()}
-        out["replicaStatuses"] = {keys.get(k, k): v for k, v in counts.items()}
+        out["replicaStatuses"] = {
+            backwards.get(k, k): {**_mapping(details.get(k)), **_mapping(v)}
+            for k, v in counts.items()
+        }
     return out
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _split(entry: Any) -> tuple[Any, dict[str, Any]]:
+    """A replica type's counts as TFJob has them (``active``, ``succeeded``, ``failed``),
+    and the rest (restarts, the indices whose run is over), which TFJob's CRD would prune
+    from ``replicaStatuses``."""
+    if not isinstance(entry, Mapping):
+        return entry, {}
+    kept = {k: v for k, v in entry.items() if k in TFJOB_REPLICA_STATUS_FIELDS}
+    return kept, {k: v for k, v in entry.items() if k not in TFJOB_REPLICA_STATUS_FIELDS}
 
 
 STRATEGYJOB = Flavor(c.KIND, c.GROUP, c.VERSION, c.PLURAL, _load_strategyjob)

@@ -259,11 +259,12 @@ def test_dynamic_worker_gets_its_sparse_tf_config_and_its_failure_does_not_fail_
     tf.set_phase("dyn-worker-1", "Failed", exit_code=1)
 
     def given_up() -> dict[str, Any] | None:
-        worker = (tfjob(tf, "dyn").get("status") or {}).get("replicaStatuses", {}).get("Worker")
-        return worker if worker and worker.get("failedIndexes") == "1" else None
+        status = tfjob(tf, "dyn").get("status") or {}
+        details = status.get("strategyjobReplicaStatuses", {}).get("Worker") or {}
+        return status if details.get("failedIndexes") == "1" else None
 
-    worker = wait_for("the worker given up", given_up, 30.0)
-    assert worker["failed"] == 1
+    status = wait_for("the worker given up", given_up, 30.0)
+    assert status["replicaStatuses"]["Worker"]["failed"] == 1
     conds = {x["type"]: x["status"] for x in tfjob(tf, "dyn")["status"]["conditions"]}
     assert conds.get("Failed") != "True"
     tf.set_phase("dyn-chief-0", "Succeeded", exit_code=0)

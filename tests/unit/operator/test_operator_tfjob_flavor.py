@@ -38,12 +38,18 @@ def test_status_reads_as_tfjob_writes_it_and_back() -> None:
             },
             {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"},
         ],
-        "replicaStatuses": {"chief": {"active": 1}, "worker": {"failed": 1}, "ps": {}},
+        "replicaStatuses": {
+            "chief": {"active": 1},
+            "worker": {"failed": 1, "restarts": 2, "failedIndexes": "1"},
+            "ps": {},
+        },
         "startTime": "2026-01-01T00:00:00Z",
     }
     written = TFJOB.external_status(internal, loaded)
     assert [c["reason"] for c in written["conditions"]] == ["TFJobCreated", "BackoffLimitExceeded"]
     assert written["conditions"][0]["message"].startswith("TFJob j (ParameterServerStrategy")
+    # replicaStatuses as TFJob's CRD has them; StrategyJob's bookkeeping beside them
+    assert written["strategyjobReplicaStatuses"]["Worker"] == {"restarts": 2, "failedIndexes": "1"}
     assert written["replicaStatuses"] == {
         "Master": {"active": 1},
         "Worker": {"failed": 1},
