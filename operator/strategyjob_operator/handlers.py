@@ -181,10 +181,15 @@ def _flag(variable: str, value: str) -> bool:
     raise ValueError(f"{variable}={value!r} is not true or false: set it to true or false.")
 
 
+def serve_tfjobs_setting() -> bool:
+    """``STRATEGYJOB_SERVE_TFJOBS``: whether the operator serves Kubeflow TFJobs too."""
+    return _flag(ENV_SERVE_TFJOBS, os.environ.get(ENV_SERVE_TFJOBS, ""))
+
+
 def settings_from_env() -> OperatorSettings:
     port = os.environ.get(c.ENV_METRICS_PORT, "8080")
     return OperatorSettings(
-        serve_tfjobs=_flag(ENV_SERVE_TFJOBS, os.environ.get(ENV_SERVE_TFJOBS, "")),
+        serve_tfjobs=serve_tfjobs_setting(),
         max_in_flight=int(os.environ.get(c.ENV_MAX_IN_FLIGHT, "50")),
         metrics_port=int(port) if port and port != "0" else None,
         gang_scheduler=gang.gang_scheduler(os.environ.get(c.ENV_GANG_SCHEDULER)),
