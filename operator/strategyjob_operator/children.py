@@ -313,7 +313,9 @@ _SECCOMP_ANNOTATIONS = ("seccomp.security.alpha.kubernetes.io/", "container.secc
 _SYS_ADMIN = {"SYS_ADMIN", "CAP_SYS_ADMIN"}
 
 
-def _with_security_defaults(pod_spec: dict[str, Any], annotations: Mapping[str, Any]) -> None:
+def _with_security_defaults(
+    pod_spec: dict[str, Any], annotations: Mapping[str, Any], non_root: bool = True
+) -> None:
     """Fill the unset fields of the pod's and its containers' ``securityContext`` with the
     restricted defaults: not root, no privilege escalation, no capabilities, the runtime's
     seccomp profile (``runAsNonRoot`` on the pod, or on each container not run as uid 0 when
@@ -339,10 +341,11 @@ def _with_security_defaults(pod_spec: dict[str, Any], annotations: Mapping[str, 
     contexts = [pod_sc, *(_mapping_or_none(x.get("securityContext")) or {} for x in containers)]
     # Not root: for the whole pod, or, beside a container the template runs as root (uid 0),
     # for each of the others.
-    as_root = any(sc.get("runAsUser") == 0 for sc in contexts)
+    # (``non_root`` False: none of that, for a TFJob, whose images often run as root.)
+    as_root = not non_root or any(sc.get("runAsUser") == 0 for sc in contexts)
     if "runAsNonRoot" not in pod_sc and not as_root:
         pod_sc["runAsNonRoot"] = POD_SECURITY_DEFAULTS["runAsNonRoot"]
-    per_container = "runAsNonRoot" not in pod_sc
+    per_container = non_root and "runAsNonRoot" not in pod_sc
     legacy_seccomp = any(str(k).startswith(_SECCOMP_ANNOTATIONS) for k in annotations)
     if "seccompProfile" not in pod_sc and not legacy_seccomp:
         pod_sc["seccompProfile"] = copy.deepcopy(POD_SECURITY_DEFAULTS["seccompProfile"])
@@ -439,7 +442,9 @@ def build_pod(
     _with_env(container, env)
     _with_token(container, token_secret_name(job, owner), len(env))
     _with_port(container, job.port if tfjob is None else tfjob.port(replica_type))
-    _with_security_defaults(pod_spec, meta.get("annotations") or {})
+    # A TFJob runs unchanged: Kubeflow's TensorFlow images run as root, which training-
+    # operator allows; its pods get the other restricted defaults only.
+    _with_security_defaults(pod_spec, meta.get("annotations") or {}, non_root=tfjob is None)
 
     labels = {
         **(meta.get("labels") or {}),

@@ -117,6 +117,9 @@ def test_kubeflow_examples_get_training_operators_pods_services_and_tf_config(
         )
         assert owner["controller"] is True
 
+        # Kubeflow's images run as root: no runAsNonRoot default, the others stay
+        assert "runAsNonRoot" not in pod["spec"]["securityContext"]
+        assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         containers = pod["spec"]["containers"]
         at = next(i for i, c in enumerate(containers) if c["name"] == "tensorflow")
         assert {"name": "tfjob-port", "containerPort": 2222, "protocol": "TCP"} in containers[at][
