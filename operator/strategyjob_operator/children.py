@@ -395,6 +395,7 @@ def build_pod(
     cluster: Mapping[str, list[str]],
     restart_attempt: int = 0,
     tfjob: jobspec.TFJob | None = None,
+    config_map: str | None = None,
 ) -> dict[str, Any]:
     """The pod of replica ``(replica_type, index)``, from its template plus what the
     operator owns: name, hostname/subdomain, labels (the job's name and uid, the restart
@@ -427,7 +428,7 @@ def build_pod(
         pod_spec["serviceAccountName"] = service_account_name(job)
 
     # edited in place: the container's own dict inside pod_spec (a deep copy of the template)
-    config_map = cluster_config_map_name(job, tfjob)
+    config_map = config_map or cluster_config_map_name(job, tfjob)
     if tfjob is None:
         at = jobspec.training_container_index({"spec": pod_spec})
         env = jobspec.replica_env_by_reference(
@@ -480,8 +481,11 @@ def iter_missing_pods(
     cluster), but a job has up to 1000: the reconciler creates each as it is built and drops
     it, and never holds them all."""
     cluster = jobspec.cluster_for_kubernetes(job)
+    config_map = cluster_config_map_name(job, tfjob)  # once: a TFJob's hashes its cluster
     for replica_type, index in replicas:
-        pod = build_pod(job, replica_type, index, owner, cluster, restart_attempt, tfjob)
+        pod = build_pod(
+            job, replica_type, index, owner, cluster, restart_attempt, tfjob, config_map
+        )
         if scheduler is not None:
             gang.join_gang(pod, job, scheduler)
         yield pod

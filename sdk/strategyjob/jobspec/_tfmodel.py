@@ -9,6 +9,7 @@ lacks. Names follow training-operator v1.9.4, on which tools written for TFJob d
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -112,7 +113,12 @@ class TFJob:
         return f"{host}:{self.port(replica_type)}"
 
     def cluster(self) -> dict[str, list[str]]:
-        """Every replica's address by StrategyJob type, evaluator included."""
+        """Every replica's address by StrategyJob type, evaluator included (a copy: each
+        replica's environment reads it, so it is made once per job)."""
+        return {t: list(addresses) for t, addresses in self._cluster.items()}
+
+    @functools.cached_property
+    def _cluster(self) -> dict[str, list[str]]:
         return {
             replica_type: [
                 self.address(replica_type, i) for i in range(self.job.num_replicas(replica_type))
