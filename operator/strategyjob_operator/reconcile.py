@@ -565,7 +565,7 @@ class Reconciler:
         calls.insert(2, functools.partial(self._create_children_in_order, (role, binding), uid))
         scheduler = self.settings.gang_scheduler
         if scheduler is not None:
-            group = gang.build_pod_group(job, owner, scheduler)
+            group = gang.build_pod_group(job, owner, scheduler, tfjob)
             calls.append(functools.partial(self._create_pod_group, scheduler, group, uid))
         results: list[Any] = []
         for r in await bounded_gather(calls, self.settings.max_in_flight):

@@ -75,3 +75,26 @@ def test_serve_tfjobs_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATEGYJOB_SERVE_TFJOBS", "maybe")
     with pytest.raises(ValueError, match="STRATEGYJOB_SERVE_TFJOBS='maybe' is not true or false"):
         handlers.settings_from_env()
+
+
+def test_pod_group_of_a_tfjob_has_its_min_resources_and_schedule_timeout() -> None:
+    from strategyjob_operator import gang
+
+    replica = {"replicas": 2, "template": {"spec": {"containers": [{"name": "tensorflow"}]}}}
+    scheduling = {"minResources": {"cpu": "4"}, "scheduleTimeoutSeconds": 90, "queue": "q"}
+    tf = jobspec.load_tfjob(
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "TFJob",
+            "metadata": {"name": "j", "namespace": "ns"},
+            "spec": {
+                "tfReplicaSpecs": {"Worker": replica},
+                "runPolicy": {"schedulingPolicy": scheduling},
+            },
+        }
+    )
+    owner = {"kind": "TFJob", "uid": "u"}
+    volcano = gang.build_pod_group(tf.job, owner, gang.VOLCANO, tf)["spec"]
+    assert volcano == {"minMember": 2, "queue": "q", "minResources": {"cpu": "4"}}
+    plugins = gang.build_pod_group(tf.job, owner, gang.SCHEDULER_PLUGINS, tf)["spec"]
+    assert plugins == {"minMember": 2, "minResources": {"cpu": "4"}, "scheduleTimeoutSeconds": 90}
