@@ -18,6 +18,7 @@ import kopf
 import strategyjob_operator  # noqa: F401  (registers the handlers)
 from strategyjob_operator import constants as c
 from strategyjob_operator import handlers
+from strategyjob_operator.flavor import ENV_SERVE_TFJOBS, TFJOB
 from strategyjob_operator.kube import Credentials
 
 #: Seconds to keep trying an API server that does not answer at startup (``STRATEGYJOB_
@@ -78,10 +79,11 @@ def cluster_credentials() -> Credentials:
     return creds
 
 
-async def check_cluster(creds: Credentials, seconds: float) -> None:
+async def check_cluster(creds: Credentials, seconds: float, serve_tfjobs: bool = False) -> None:
     """Reach the API server with ``creds``: an unreachable server or one that answers 5xx is
     tried again for ``seconds``; credentials it refuses, a certificate it cannot prove, or
-    no StrategyJob CRD after ``seconds`` raise :class:`StartupError` naming the fix."""
+    no StrategyJob CRD after ``seconds`` raise :class:`StartupError` naming the fix; so does
+    no TFJob CRD when the operator is to serve TFJobs (``serve_tfjobs``)."""
     url = f"{creds.server}/apis/{c.GROUP}/{c.VERSION}"
     deadline = time.monotonic() + seconds
     delay, last = 0.5, ""
@@ -120,6 +122,8 @@ async def check_cluster(creds: Credentials, seconds: float) -> None:
                     "(the Helm chart's ClusterRole)."
                 )
             if 200 <= status < 300:
+                if serve_tfjobs:
+                    await _require_tfjobs(session, creds)
                 return
             if status == 404:
                 last = f"{c.GROUP}/{c.VERSION} is not served"
@@ -141,6 +145,20 @@ async def check_cluster(creds: Credentials, seconds: float) -> None:
     )
 
 
+async def _require_tfjobs(session: aiohttp.ClientSession, creds: Credentials) -> None:
+    """The TFJob CRD is served (``tfjobs`` in ``kubeflow.org/v1``'s resources)."""
+    url = f"{creds.server}/apis/{TFJOB.api_version}"
+    async with session.get(url, proxy=creds.proxy_url) as resp:
+        body = await resp.json() if resp.status == 200 else {}
+    if not any(r.get("name") == TFJOB.plural for r in body.get("resources") or []):
+        raise StartupError(
+            f"{ENV_SERVE_TFJOBS} is set but the API server {creds.server} does not serve "
+            f"{TFJOB.api_version} {TFJOB.plural}: install the TFJob CRD (kubectl apply -f "
+            f"crds/kubeflow.org_tfjobs.yaml; the Helm chart's tfjob.enabled does), or unset "
+            f"{ENV_SERVE_TFJOBS}."
+        )
+
+
 def preflight() -> None:
     """Exit with one line when the operator cannot work with this cluster (see
     :func:`check_cluster`), rather than start kopf, which would hang."""
@@ -148,7 +166,11 @@ def preflight() -> None:
         seconds = startup_seconds(
             os.environ.get(c.ENV_STARTUP_SECONDS, f"{DEFAULT_STARTUP_SECONDS:g}")
         )
-        asyncio.run(check_cluster(cluster_credentials(), seconds))
+        try:
+            serve_tfjobs = handlers.serve_tfjobs_setting()
+        except ValueError:  # the operator's startup names the bad setting
+            serve_tfjobs = False
+        asyncio.run(check_cluster(cluster_credentials(), seconds, serve_tfjobs))
     except StartupError as e:
         sys.exit(f"strategyjob-operator: {e}")
 

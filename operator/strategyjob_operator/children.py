@@ -15,21 +15,23 @@ source of truth shared with ``strategyjob run``.
 from __future__ import annotations
 
 import copy
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
-from strategyjob_operator import gang
+from strategyjob_operator import flavor, gang
 
 
 def owner_reference(job_obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A controller reference to the StrategyJob, so that deleting it deletes its children."""
+    """A controller reference to the job (a StrategyJob, or a TFJob), so that deleting it
+    deletes its children."""
     meta = job_obj["metadata"]
     return {
-        "apiVersion": c.API_VERSION,
-        "kind": c.KIND,
+        "apiVersion": job_obj.get("apiVersion") or c.API_VERSION,
+        "kind": job_obj.get("kind") or c.KIND,
         "name": meta["name"],
         "uid": meta["uid"],
         "controller": True,
@@ -74,22 +76,73 @@ def _meta(job: jobspec.StrategyJob, name: str, owner: Mapping[str, Any]) -> dict
     }
 
 
-def cluster_config_map_name(job: jobspec.StrategyJob) -> str:
-    """``<job>-strategyjob-cluster``: the ConfigMap every pod of the job reads its cluster from."""
-    return jobspec.cluster_config_map_name(job.name)
+def build_replica_services(tfjob: jobspec.TFJob, owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A TFJob's Services, as training-operator makes them: one headless Service per
+    replica, named like its pod and selecting it, exposing its ``tensorflow`` container's
+    ports (the replica's address in ``TF_CONFIG``)."""
+    job = tfjob.job
+    services = []
+    for replica_type, index in job.replicas():
+        template = job.replica_specs[replica_type].template
+        container = template["spec"]["containers"][
+            jobspec.training_container_index(template, jobspec.TFJOB_CONTAINER_NAME)
+        ]
+        ports = [
+            {
+                **({"name": p["name"]} if p.get("name") else {}),
+                "port": p["containerPort"],
+                "targetPort": p["containerPort"],
+                "protocol": p.get("protocol", "TCP"),
+            }
+            for p in container.get("ports") or []
+        ]
+        selector = {
+            k: v
+            for k, v in pod_labels(job, replica_type, index, tfjob).items()
+            if k != flavor.TF_LABEL_JOB_ROLE and k.startswith("training.kubeflow.org/")
+        }
+        name = job.pod_name(replica_type, index)
+        services.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {**_meta(job, name, owner), "labels": dict(selector)},
+                "spec": {"clusterIP": "None", "selector": selector, "ports": ports},
+            }
+        )
+    return services
 
 
-def build_cluster_config_map(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> dict[str, Any]:
+def cluster_config_map_name(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None = None) -> str:
+    """``<job>-strategyjob-cluster``: the ConfigMap every pod of the job reads its cluster
+    from. A TFJob's cluster changes when its ``replicas`` are edited, and pods made before
+    keep theirs (as under training-operator): each cluster has its own, immutable
+    ConfigMap, ``<job>-strategyjob-cluster-<hash>``."""
+    name = jobspec.cluster_config_map_name(job.name)
+    if tfjob is None:
+        return name
+    digest = hashlib.sha256(jobspec.tfjob_cluster_spec(tfjob).encode()).hexdigest()
+    return f"{name}-{digest[:10]}"
+
+
+def build_cluster_config_map(
+    job: jobspec.StrategyJob, owner: Mapping[str, Any], tfjob: jobspec.TFJob | None = None
+) -> dict[str, Any]:
     """The cluster part of TF_CONFIG (:func:`strategyjob.jobspec.cluster_spec`), stored once
     for the whole job: each pod reads it into ``STRATEGYJOB_CLUSTER_SPEC`` and its TF_CONFIG
     refers to that (:func:`build_pod`), so a job's pod specs grow with its size, not its
     square. Immutable (the kubelets need not watch it): a job's cluster never changes, as
-    its name, namespace, port and replicas cannot (the CRD's rules)."""
-    cluster = jobspec.cluster_spec(jobspec.cluster_for_kubernetes(job))
+    its name, namespace, port and replicas cannot (the CRD's rules). A TFJob's holds its
+    own cluster (:func:`strategyjob.jobspec.tfjob_cluster_spec`), one per cluster
+    (:func:`cluster_config_map_name`)."""
+    if tfjob is not None:
+        cluster = jobspec.tfjob_cluster_spec(tfjob)
+    else:
+        cluster = jobspec.cluster_spec(jobspec.cluster_for_kubernetes(job))
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(job, cluster_config_map_name(job), owner),
+        "metadata": _meta(job, cluster_config_map_name(job, tfjob), owner),
         "immutable": True,
         "data": {jobspec.CLUSTER_SPEC_KEY: cluster},
     }
@@ -198,14 +251,27 @@ def build_network_policy(job: jobspec.StrategyJob, owner: Mapping[str, Any]) -> 
     }
 
 
-def pod_labels(job: jobspec.StrategyJob, replica_type: str, index: int) -> dict[str, str]:
+def pod_labels(
+    job: jobspec.StrategyJob, replica_type: str, index: int, tfjob: jobspec.TFJob | None = None
+) -> dict[str, str]:
+    """The labels that say which job and replica a pod is; a TFJob's pods carry TFJob's
+    too (``training.kubeflow.org/...``, ``job-role: master`` on the chief or master, else
+    worker 0), which tools written for TFJob select on."""
     labels = {
         c.LABEL_JOB_NAME: job.name,
         c.LABEL_REPLICA_TYPE: replica_type,
         c.LABEL_REPLICA_INDEX: str(index),
     }
-    if (replica_type, index) == jobspec.leader(job):
+    leads = (replica_type, index) == jobspec.leader(job)
+    if leads:
         labels[c.LABEL_JOB_ROLE] = c.ROLE_CHIEF
+    if tfjob is not None:
+        labels[flavor.TF_LABEL_JOB_NAME] = job.name
+        labels[flavor.TF_LABEL_OPERATOR_NAME] = flavor.TF_OPERATOR_NAME
+        labels[flavor.TF_LABEL_REPLICA_TYPE] = tfjob.type_name(replica_type)
+        labels[flavor.TF_LABEL_REPLICA_INDEX] = str(index)
+        if leads:
+            labels[flavor.TF_LABEL_JOB_ROLE] = flavor.TF_ROLE_MASTER
     return labels
 
 
@@ -247,7 +313,9 @@ _SECCOMP_ANNOTATIONS = ("seccomp.security.alpha.kubernetes.io/", "container.secc
 _SYS_ADMIN = {"SYS_ADMIN", "CAP_SYS_ADMIN"}
 
 
-def _with_security_defaults(pod_spec: dict[str, Any], annotations: Mapping[str, Any]) -> None:
+def _with_security_defaults(
+    pod_spec: dict[str, Any], annotations: Mapping[str, Any], non_root: bool = True
+) -> None:
     """Fill the unset fields of the pod's and its containers' ``securityContext`` with the
     restricted defaults: not root, no privilege escalation, no capabilities, the runtime's
     seccomp profile (``runAsNonRoot`` on the pod, or on each container not run as uid 0 when
@@ -273,10 +341,11 @@ def _with_security_defaults(pod_spec: dict[str, Any], annotations: Mapping[str, 
     contexts = [pod_sc, *(_mapping_or_none(x.get("securityContext")) or {} for x in containers)]
     # Not root: for the whole pod, or, beside a container the template runs as root (uid 0),
     # for each of the others.
-    as_root = any(sc.get("runAsUser") == 0 for sc in contexts)
+    # (``non_root`` False: none of that, for a TFJob, whose images often run as root.)
+    as_root = not non_root or any(sc.get("runAsUser") == 0 for sc in contexts)
     if "runAsNonRoot" not in pod_sc and not as_root:
         pod_sc["runAsNonRoot"] = POD_SECURITY_DEFAULTS["runAsNonRoot"]
-    per_container = "runAsNonRoot" not in pod_sc
+    per_container = non_root and "runAsNonRoot" not in pod_sc
     legacy_seccomp = any(str(k).startswith(_SECCOMP_ANNOTATIONS) for k in annotations)
     if "seccompProfile" not in pod_sc and not legacy_seccomp:
         pod_sc["seccompProfile"] = copy.deepcopy(POD_SECURITY_DEFAULTS["seccompProfile"])
@@ -325,6 +394,8 @@ def build_pod(
     owner: Mapping[str, Any],
     cluster: Mapping[str, list[str]],
     restart_attempt: int = 0,
+    tfjob: jobspec.TFJob | None = None,
+    config_map: str | None = None,
 ) -> dict[str, Any]:
     """The pod of replica ``(replica_type, index)``, from its template plus what the
     operator owns: name, hostname/subdomain, labels (the job's name and uid, the restart
@@ -335,6 +406,10 @@ def build_pod(
     ``restartPolicy`` is always ``Never``: the operator, not the kubelet, restarts
     replicas, so that it can count restarts and restart the whole job when the strategy
     needs it.
+
+    A TFJob's pod (``tfjob``) has TFJob's name, labels and ``TF_CONFIG``
+    (:func:`strategyjob.jobspec.tfjob_replica_env_by_reference`), in its ``tensorflow``
+    container, and no subdomain: its address is its own Service's.
     """
     spec = job.replica_specs[replica_type]
     template = copy.deepcopy(dict(spec.template))
@@ -343,7 +418,8 @@ def build_pod(
     name = job.pod_name(replica_type, index)
 
     pod_spec["hostname"] = name
-    pod_spec["subdomain"] = job.name
+    if tfjob is None:
+        pod_spec["subdomain"] = job.name
     pod_spec["restartPolicy"] = "Never"
     priority_class = job.run_policy.scheduling_policy.priority_class
     if priority_class and not pod_spec.get("priorityClassName"):
@@ -352,18 +428,28 @@ def build_pod(
         pod_spec["serviceAccountName"] = service_account_name(job)
 
     # edited in place: the container's own dict inside pod_spec (a deep copy of the template)
-    container = pod_spec["containers"][jobspec.training_container_index({"spec": pod_spec})]
-    env = jobspec.replica_env_by_reference(
-        job, replica_type, index, cluster, restart_attempt, config_map=cluster_config_map_name(job)
-    )
+    config_map = config_map or cluster_config_map_name(job, tfjob)
+    if tfjob is None:
+        at = jobspec.training_container_index({"spec": pod_spec})
+        env = jobspec.replica_env_by_reference(
+            job, replica_type, index, cluster, restart_attempt, config_map=config_map
+        )
+    else:
+        at = jobspec.training_container_index({"spec": pod_spec}, jobspec.TFJOB_CONTAINER_NAME)
+        env = jobspec.tfjob_replica_env_by_reference(
+            tfjob, replica_type, index, restart_attempt, config_map=config_map
+        )
+    container = pod_spec["containers"][at]
     _with_env(container, env)
     _with_token(container, token_secret_name(job, owner), len(env))
-    _with_port(container, job.port)
-    _with_security_defaults(pod_spec, meta.get("annotations") or {})
+    _with_port(container, job.port if tfjob is None else tfjob.port(replica_type))
+    # A TFJob runs unchanged: Kubeflow's TensorFlow images run as root, which training-
+    # operator allows; its pods get the other restricted defaults only.
+    _with_security_defaults(pod_spec, meta.get("annotations") or {}, non_root=tfjob is None)
 
     labels = {
         **(meta.get("labels") or {}),
-        **pod_labels(job, replica_type, index),
+        **pod_labels(job, replica_type, index, tfjob),
         LABEL_JOB_UID: owner["uid"],
         c.LABEL_RESTART_ATTEMPT: str(restart_attempt),
     }
@@ -387,6 +473,7 @@ def iter_missing_pods(
     replicas: Iterable[tuple[str, int]],
     scheduler: gang.GangScheduler | None = None,
     restart_attempt: int = 0,
+    tfjob: jobspec.TFJob | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The pods to create for ``replicas`` (those the decision found missing), built one at a
     time as the caller asks for them, members of the job's PodGroup when a gang ``scheduler``
@@ -394,8 +481,11 @@ def iter_missing_pods(
     cluster), but a job has up to 1000: the reconciler creates each as it is built and drops
     it, and never holds them all."""
     cluster = jobspec.cluster_for_kubernetes(job)
+    config_map = cluster_config_map_name(job, tfjob)  # once: a TFJob's hashes its cluster
     for replica_type, index in replicas:
-        pod = build_pod(job, replica_type, index, owner, cluster, restart_attempt)
+        pod = build_pod(
+            job, replica_type, index, owner, cluster, restart_attempt, tfjob, config_map
+        )
         if scheduler is not None:
             gang.join_gang(pod, job, scheduler)
         yield pod

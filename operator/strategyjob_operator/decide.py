@@ -61,6 +61,7 @@ from strategyjob_operator.create_backoff import (
 )
 from strategyjob_operator.draft import Draft
 from strategyjob_operator.failures import (
+    OPTIONAL_TYPES,
     Failure,
     decide_evaluators,
     decide_failures,
@@ -139,6 +140,7 @@ def decide(
     now: datetime,
     *,
     lost_pod_seconds: float = DEFAULT_LOST_POD_SECONDS,
+    optional_types: tuple[str, ...] = OPTIONAL_TYPES,
 ) -> Plan:
     """The next step for ``job``, given its current ``status``, the pods that exist
     (``replicas``) and the time ``now``. Pure: the caller carries the plan out.
@@ -148,7 +150,7 @@ def decide(
     job once, with a Failed condition and Event naming the problem, instead of an
     exception on every pass that leaves the job stuck without a word."""
     try:
-        return _decide(job, generation, status, replicas, now, lost_pod_seconds)
+        return _decide(job, generation, status, replicas, now, lost_pod_seconds, optional_types)
     except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as e:
         logger.exception("StrategyJob %s/%s: cannot decide", job.namespace, job.name)
         return _undecidable(job, generation, status, replicas, now, e)
@@ -192,6 +194,7 @@ def _decide(
     replicas: Mapping[tuple[str, int], Replica],
     now: datetime,
     lost_after: float = DEFAULT_LOST_POD_SECONDS,
+    optional_types: tuple[str, ...] = OPTIONAL_TYPES,
 ) -> Plan:
     conds: list[dict[str, Any]] = [dict(x) for x in status.get("conditions") or []]
     if cond.is_true(conds, c.SUCCEEDED) or cond.is_true(conds, c.FAILED):
@@ -265,8 +268,8 @@ def _decide(
 
     # Failures, root cause first. An evaluator never fails the job nor uses its budget.
     failures = find_failures(job, replicas, bool(st["launched"]), finished.keys(), now, lost_after)
-    evaluators = [f for f in failures if f.replica_type == "evaluator"]
-    failures = [f for f in failures if f.replica_type != "evaluator"]
+    evaluators = [f for f in failures if f.replica_type in optional_types]
+    failures = [f for f in failures if f.replica_type not in optional_types]
     if failures:
         return decide_failures(draft, failures, replicas, requeue)
     if evaluators:

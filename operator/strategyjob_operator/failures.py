@@ -194,6 +194,12 @@ def decide_failures(
     return draft.plan(action, delete_pods=doomed, requeue_after=requeue)
 
 
+#: Replica types whose failure never fails the job: the evaluator, outside training (a
+#: TFJob with ``enableDynamicWorker`` adds its workers, as training-operator ignores their
+#: failures).
+OPTIONAL_TYPES: tuple[str, ...] = ("evaluator",)
+
+
 def decide_evaluators(
     draft: Draft,
     failures: list[Failure],
@@ -201,14 +207,16 @@ def decide_evaluators(
     finished: FinishedReplicas,
     requeue: float | None,
 ) -> Plan | None:
-    """Recreate a failed evaluator alone while its restart policy allows and its own
-    restarts stay under ``backoffLimit`` (the job's restarts are not touched); otherwise
-    report it once and go on without it. None: nothing to do but carry on."""
+    """Recreate a failed evaluator (or other replica of :data:`OPTIONAL_TYPES`' kind) alone
+    while its restart policy allows and the restarts of its type stay under
+    ``backoffLimit`` (the job's restarts are not touched); otherwise report it once and go
+    on without it. None: nothing to do but carry on."""
     job, st = draft.job, draft.status
     limit = job.run_policy.backoff_limit
-    counts = st["replicaStatuses"]["evaluator"]
     again: list[Failure] = []
     for f in failures:
+        t = f.replica_type
+        counts = st["replicaStatuses"][t]
         if f.disruption:  # the cluster took it away: recreated, not counted
             again.append(f)
             continue
@@ -216,7 +224,7 @@ def decide_evaluators(
             again.append(f)
             counts["restarts"] += 1
             continue
-        policy = job.replica_specs["evaluator"].restart_policy
+        policy = job.replica_specs[t].restart_policy
         why = (
             f"restartPolicy {policy} does not retry it"
             if not f.retryable
@@ -224,19 +232,20 @@ def decide_evaluators(
         )
         msg = (
             f"StrategyJob {job.name}: {f.label} {f.description}; {why}. The job goes on "
-            "without it (an evaluator never fails the job)."
+            f"without it ({_never_fails(t)})."
         )
-        draft.event("Warning", c.REASON_EVALUATOR_FAILED, msg)
-        finished.given_up.setdefault("evaluator", set()).add(f.index)
-    given_up = finished.given_up.get("evaluator", set())
-    if given_up:
-        counts["failedIndexes"] = format_indexes(given_up)
-        failed_pods = {
-            r.index
-            for r in replicas.values()
-            if r.replica_type == "evaluator" and r.phase == "Failed"
-        }
-        counts["failed"] = len(failed_pods | given_up)
+        reason = c.REASON_EVALUATOR_FAILED if t == "evaluator" else c.REASON_REPLICA_FAILED
+        draft.event("Warning", reason, msg)
+        finished.given_up.setdefault(t, set()).add(f.index)
+    for t in {f.replica_type for f in failures}:
+        given_up = finished.given_up.get(t, set())
+        if given_up:
+            counts = st["replicaStatuses"][t]
+            counts["failedIndexes"] = format_indexes(given_up)
+            failed_pods = {
+                r.index for r in replicas.values() if r.replica_type == t and r.phase == "Failed"
+            }
+            counts["failed"] = len(failed_pods | given_up)
     if not again:
         return None
     st["launched"] = False
@@ -245,11 +254,29 @@ def decide_evaluators(
     if all(f.disruption for f in again):
         detail = "a disruption, not counted"
     else:
-        detail = f"evaluator restart {counts['restarts']} of {limit}"
+        restarts = st["replicaStatuses"][root.replica_type]["restarts"]
+        detail = f"{_optional(root.replica_type)} restart {restarts} of {limit}"
     msg = (
         f"StrategyJob {job.name} recreates {labels}: {root.label} {root.description} "
-        f"({detail}; evaluator restarts do not count against the job's backoffLimit)."
+        f"({detail}; {_optional(root.replica_type)} restarts do not count against the job's "
+        "backoffLimit)."
     )
-    draft.event("Warning", c.REASON_EVALUATOR_RESTARTING, msg)
+    reason = (
+        c.REASON_EVALUATOR_RESTARTING
+        if root.replica_type == "evaluator"
+        else c.REASON_REPLICA_RESTARTING
+    )
+    draft.event("Warning", reason, msg)
     doomed = tuple(sorted(f.replica.name for f in again if f.replica and not f.replica.terminating))
     return draft.plan(Action.RECREATE_REPLICAS, delete_pods=doomed, requeue_after=requeue)
+
+
+def _never_fails(replica_type: str) -> str:
+    if replica_type == "evaluator":
+        return "an evaluator never fails the job"
+    return f"with enableDynamicWorker, a {replica_type} never fails the job"
+
+
+def _optional(replica_type: str) -> str:
+    """How a message names a replica whose failure never fails the job."""
+    return replica_type if replica_type == "evaluator" else f"dynamic {replica_type}"

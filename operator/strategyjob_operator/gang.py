@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
-from strategyjob_operator import observe, quota
+from strategyjob_operator import quota
 from strategyjob_operator.plan import Event, Plan
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ class GangScheduler:
     takes_queue: bool
     pod_label: str | None = None
     pod_annotation: str | None = None
+    takes_schedule_timeout: bool = False
+    """Whether its PodGroup has ``scheduleTimeoutSeconds`` (a TFJob's schedulingPolicy)."""
 
 
 VOLCANO = GangScheduler(
@@ -73,6 +75,7 @@ SCHEDULER_PLUGINS = GangScheduler(
     scheduler_name="scheduler-plugins-scheduler",
     api_version="scheduling.x-k8s.io/v1alpha1",
     takes_queue=False,
+    takes_schedule_timeout=True,
     pod_label="scheduling.x-k8s.io/pod-group",
 )
 GANG_SCHEDULERS = {s.name: s for s in (VOLCANO, SCHEDULER_PLUGINS)}
@@ -102,8 +105,13 @@ def min_member(job: jobspec.StrategyJob) -> int:
 
 
 def build_pod_group(
-    job: jobspec.StrategyJob, owner: Mapping[str, Any], scheduler: GangScheduler
+    job: jobspec.StrategyJob,
+    owner: Mapping[str, Any],
+    scheduler: GangScheduler,
+    tfjob: jobspec.TFJob | None = None,
 ) -> dict[str, Any]:
+    """The job's PodGroup; a TFJob's has its ``schedulingPolicy.minResources`` and (where
+    the scheduler's PodGroup has it) ``scheduleTimeoutSeconds``, as training-operator's."""
     policy = job.run_policy.scheduling_policy
     spec: dict[str, Any] = {"minMember": min_member(job)}
     if scheduler.takes_queue:
@@ -111,6 +119,11 @@ def build_pod_group(
             spec["queue"] = policy.queue
         if policy.priority_class:
             spec["priorityClassName"] = policy.priority_class
+    if tfjob is not None and tfjob.min_resources:
+        spec["minResources"] = dict(tfjob.min_resources)
+    timeout = tfjob.schedule_timeout_seconds if tfjob is not None else None
+    if scheduler.takes_schedule_timeout and timeout is not None:
+        spec["scheduleTimeoutSeconds"] = timeout
     return {
         "apiVersion": scheduler.api_version,
         "kind": "PodGroup",
@@ -289,7 +302,8 @@ async def release_pod_group(
         existing = await api.get_metadata(path)
         if existing is None or existing["metadata"].get("deletionTimestamp"):
             return False
-        if observe.controller_uid(existing) != uid:
+        refs = existing["metadata"].get("ownerReferences") or []
+        if not any(r.get("controller") and r.get("uid") == uid for r in refs):
             return False  # not this job's: never the operator's to delete
         gone = await api.delete(path, uid=existing["metadata"].get("uid"))
     except Exception as e:  # retried by the next pass of the suspended job

@@ -23,6 +23,7 @@ import kopf
 from strategyjob_operator import constants as c
 from strategyjob_operator import gang, metrics, quota
 from strategyjob_operator.decide import DEFAULT_LOST_POD_SECONDS
+from strategyjob_operator.flavor import ENV_SERVE_TFJOBS, FLAVORS, STRATEGYJOB, TFJOB, Flavor
 from strategyjob_operator.kube import LIST_PAGE_SIZE, ApiError, Credentials, KubeApi
 from strategyjob_operator.pod_cache import PodCache
 from strategyjob_operator.reconcile import (
@@ -48,16 +49,24 @@ FORBIDDEN_PASSES = 4
 FINALIZER = f"{c.GROUP}/operator"
 
 
+#: A job's loop: (plural, namespace, name).
+JobRef = tuple[str, str, str]
+
+
 class _State:
     """What the handlers share within one operator process."""
 
     def __init__(self) -> None:
         self.settings = OperatorSettings()
         self.reconciler: Reconciler | None = None
-        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
-        #: The uid of the job whose daemon runs, per (namespace, name): the daemon of a job
-        #: that was deleted, or replaced by a namesake, sees it is no longer there and ends.
-        self.daemons: dict[tuple[str, str], str] = {}
+        #: The reconciler of TFJobs (``STRATEGYJOB_SERVE_TFJOBS``), sharing the API client
+        #: and the pod cache with :attr:`reconciler`; None when TFJobs are not served.
+        self.tfjob_reconciler: Reconciler | None = None
+        #: Per (plural, namespace, name): a StrategyJob and a TFJob may share a name.
+        self.wakeups: dict[JobRef, asyncio.Event] = {}
+        #: The uid of the job whose daemon runs, per (plural, namespace, name): the daemon of
+        #: a job that was deleted, or replaced by a namesake, sees it is gone and ends.
+        self.daemons: dict[JobRef, str] = {}
         self.metrics_server: Any = None
         #: Set to stop ``kopf.run`` (see :func:`give_up`); ``__main__`` passes it as stop_flag.
         self.stop_flag: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -163,9 +172,24 @@ def _lost_pod_seconds(value: str) -> float:
     return positive_seconds(c.ENV_LOST_POD_SECONDS, value, DEFAULT_LOST_POD_SECONDS)
 
 
+def _flag(variable: str, value: str) -> bool:
+    """A true/false setting of the operator's environment; ValueError in one line otherwise."""
+    if value.strip().lower() in ("true", "1", "yes"):
+        return True
+    if value.strip().lower() in ("false", "0", "no", ""):
+        return False
+    raise ValueError(f"{variable}={value!r} is not true or false: set it to true or false.")
+
+
+def serve_tfjobs_setting() -> bool:
+    """``STRATEGYJOB_SERVE_TFJOBS``: whether the operator serves Kubeflow TFJobs too."""
+    return _flag(ENV_SERVE_TFJOBS, os.environ.get(ENV_SERVE_TFJOBS, ""))
+
+
 def settings_from_env() -> OperatorSettings:
     port = os.environ.get(c.ENV_METRICS_PORT, "8080")
     return OperatorSettings(
+        serve_tfjobs=serve_tfjobs_setting(),
         max_in_flight=int(os.environ.get(c.ENV_MAX_IN_FLIGHT, "50")),
         metrics_port=int(port) if port and port != "0" else None,
         gang_scheduler=gang.gang_scheduler(os.environ.get(c.ENV_GANG_SCHEDULER)),
@@ -181,10 +205,13 @@ def settings_from_env() -> OperatorSettings:
     )
 
 
-def wake(namespace: str | None, name: str | None) -> None:
-    event = STATE.wakeups.get((namespace or "", name or ""))
-    if event is not None:
-        event.set()
+def wake(namespace: str | None, name: str | None, plural: str | None = None) -> None:
+    """Wake the loop of job ``name`` (of each kind served, unless ``plural`` says which)."""
+    plurals = [plural] if plural else [f.plural for f in FLAVORS.values()]
+    for p in plurals:
+        event = STATE.wakeups.get((p, namespace or "", name or ""))
+        if event is not None:
+            event.set()
 
 
 @kopf.on.startup()
@@ -206,6 +233,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.chunk_size = LIST_PAGE_SIZE
     if STATE.settings.gang_scheduler is not None:
         watch_resource_quotas()
+    if STATE.settings.serve_tfjobs:
+        serve_tfjobs()
     port = STATE.settings.metrics_port
     if port is not None and STATE.metrics_server is None:
         STATE.metrics_server = metrics.serve(port)
@@ -257,7 +286,12 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
                 max_in_flight=STATE.settings.max_in_flight,
                 refresh=lambda: asyncio.to_thread(_credentials, kwargs),
             )
-            STATE.reconciler = Reconciler(api, STATE.settings, pod_cache=PodCache(api))
+            cache = PodCache(api)
+            STATE.reconciler = Reconciler(api, STATE.settings, pod_cache=cache)
+            if STATE.settings.serve_tfjobs:
+                STATE.tfjob_reconciler = Reconciler(
+                    api, STATE.settings, pod_cache=cache, flavor=TFJOB
+                )
         else:  # kopf logs in again when its own requests are refused
             STATE.reconciler.api.use(creds)
     except Exception as e:  # a kubeconfig or exec plugin broken since startup: final
@@ -291,12 +325,12 @@ async def close(**_: Any) -> None:
 
 
 def jobs_to_wake(labels: Mapping[str, str], meta: Mapping[str, Any] | None) -> set[str]:
-    """The jobs a pod event concerns: the one its label names and the StrategyJob that
-    controls it. They differ for a pod relabelled by hand: the job that lost it must
+    """The jobs a pod event concerns: the one its label names and the job (StrategyJob or
+    TFJob) that controls it. They differ for a pod relabelled by hand: the job that lost it must
     notice, and the one whose name it now carries must see that it is not its own."""
     names = {labels.get(c.LABEL_JOB_NAME) or ""}
     for ref in (meta or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == c.KIND:
+        if ref.get("controller") and ref.get("kind") in FLAVORS:
             names.add(ref.get("name") or "")
     names.discard("")
     return names
@@ -322,27 +356,54 @@ async def pod_changed(
         wake(namespace, name)
 
 
+def _job_changed(flavor: Flavor, namespace: str | None, name: str, uid: str, type: str) -> None:
+    if namespace is None:  # kopf's type allows cluster-scoped objects; jobs are not
+        return
+    key = (flavor.plural, namespace, name)
+    if type == "DELETED" and STATE.daemons.get(key) == uid:
+        del STATE.daemons[key]  # its daemon ends (no finalizer makes kopf stop it)
+    wake(namespace, name, flavor.plural)
+
+
 @kopf.on.event(c.GROUP, c.VERSION, c.PLURAL)
 async def job_changed(*, namespace: str | None, name: str, uid: str, type: str, **_: Any) -> None:
-    if namespace is None:  # kopf's type allows cluster-scoped objects; StrategyJobs are not
-        return
-    if type == "DELETED" and STATE.daemons.get((namespace, name)) == uid:
-        del STATE.daemons[(namespace, name)]  # its daemon ends (no finalizer makes kopf stop it)
-    wake(namespace, name)
+    _job_changed(STRATEGYJOB, namespace, name, uid, type)
+
+
+async def tfjob_changed(*, namespace: str | None, name: str, uid: str, type: str, **_: Any) -> None:
+    _job_changed(TFJOB, namespace, name, uid, type)
 
 
 @kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, cancellation_timeout=1.0)
 async def run_job(
     *, namespace: str | None, name: str, uid: str, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
+    """A StrategyJob's reconcile loop (:func:`_run_loop`)."""
+    await _run_loop(STRATEGYJOB, namespace, name, uid, stopped)
+
+
+async def run_tfjob(
+    *, namespace: str | None, name: str, uid: str, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """A TFJob's reconcile loop (:func:`_run_loop`), when the operator serves TFJobs."""
+    await _run_loop(TFJOB, namespace, name, uid, stopped)
+
+
+def _reconciler(flavor: Flavor) -> Reconciler | None:
+    return STATE.reconciler if flavor is STRATEGYJOB else STATE.tfjob_reconciler
+
+
+async def _run_loop(
+    flavor: Flavor, namespace: str | None, name: str, uid: str, stopped: kopf.DaemonStopped
+) -> None:
     """The job's reconcile loop, alive while the job exists (and this replica leads). It
     ends itself when the job is deleted: kopf stops a daemon only for an object that has
     its finalizer, and StrategyJobs carry none (:func:`no_finalizer_for_daemons`). On the
     job's DELETED event, or when a pass reads the job gone (the event lost: a watch that
     reconnected), it ends and the reconciler forgets the job."""
-    if namespace is None:  # kopf's type allows cluster-scoped objects; StrategyJobs are not
+    if namespace is None:  # kopf's type allows cluster-scoped objects; jobs are not
         return
-    key = (namespace, name)
+    key = (flavor.plural, namespace, name)
     STATE.daemons[key] = uid  # a namesake's older daemon sees it and ends, once woken:
     older = STATE.wakeups.get(key)
     if older is not None:
@@ -364,7 +425,7 @@ async def run_job(
                 gone = True
                 return
             event.clear()
-            reconciler = STATE.reconciler
+            reconciler = _reconciler(flavor)
             if reconciler is None:  # not logged in yet
                 delay = 1.0
                 continue
@@ -375,7 +436,7 @@ async def run_job(
                 delay = await reconciler.reconcile(namespace, name, uid)
                 errors = forbidden = 0
             except JobGone:  # its DELETED event missed, or not yet here
-                logger.info("StrategyJob %s/%s is gone; its reconcile loop ends.", *key)
+                logger.info("%s %s/%s is gone; its reconcile loop ends.", flavor.kind, *key[1:])
                 gone = True
                 return
             except Exception as e:  # keep the loop alive; the next pass retries
@@ -386,7 +447,8 @@ async def run_job(
                 errors += 1
                 delay = min(MAX_ERROR_BACKOFF, 0.5 * 2**errors)
                 logger.warning(
-                    "Reconciling StrategyJob %s/%s failed (%s); retrying in %.1fs.",
+                    "Reconciling %s %s/%s failed (%s); retrying in %.1fs.",
+                    flavor.kind,
                     namespace,
                     name,
                     e,
@@ -401,8 +463,9 @@ async def run_job(
             del STATE.daemons[key]
         if STATE.wakeups.get(key) is event:  # else it is a namesake's daemon's
             del STATE.wakeups[key]
-        if gone and STATE.reconciler is not None:
-            STATE.reconciler.forget(namespace, name, uid)
+        reconciler = _reconciler(flavor)
+        if gone and reconciler is not None:
+            reconciler.forget(namespace, name, uid)
 
 
 # --- ResourceQuotas: a gang that waits for quota starts as soon as one frees room ------------
@@ -450,6 +513,19 @@ def watch_resource_quotas(registry: kopf.OperatorRegistry | None = None) -> None
     if any(h.fn is quota_changed for h in registry._watching.get_all_handlers()):
         return
     kopf.on.event("", "v1", "resourcequotas", registry=registry)(quota_changed)
+
+
+def serve_tfjobs(registry: kopf.OperatorRegistry | None = None) -> None:
+    """Watch Kubeflow TFJobs and run a loop per TFJob (once), as for StrategyJobs: only with
+    ``STRATEGYJOB_SERVE_TFJOBS=true`` (from :func:`configure`, before kopf looks at what to
+    watch), so that an operator beside Kubeflow's training-operator leaves TFJobs to it."""
+    registry = registry or kopf.get_default_registry()
+    if any(h.fn is tfjob_changed for h in registry._watching.get_all_handlers()):
+        return
+    group, version, plural = TFJOB.group, TFJOB.version, TFJOB.plural
+    kopf.on.event(group, version, plural, registry=registry)(tfjob_changed)
+    kopf.daemon(group, version, plural, cancellation_timeout=1.0, registry=registry)(run_tfjob)
+    no_finalizer_for_daemons(registry)
 
 
 def no_finalizer_for_daemons(registry: Any = None) -> None:

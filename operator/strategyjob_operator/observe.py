@@ -249,29 +249,33 @@ def _owned_by(pod: Mapping[str, Any], owner_uid: str) -> bool:
     return any(r.get("controller") and r.get("uid") == owner_uid for r in refs)
 
 
-def controller_uid(obj: Mapping[str, Any]) -> str | None:
-    """The uid of the StrategyJob that controls ``obj`` (None: no StrategyJob does)."""
+def controller_uid(obj: Mapping[str, Any], kind: str = c.KIND) -> str | None:
+    """The uid of the job of ``kind`` (a StrategyJob; a TFJob) that controls ``obj`` (None:
+    no job of that kind does)."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
     for ref in refs:
-        if ref.get("controller") and ref.get("kind") == c.KIND:
+        if ref.get("controller") and ref.get("kind") == kind:
             uid = ref.get("uid")
             return uid if isinstance(uid, str) else None
     return None
 
 
-def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The owner reference of the StrategyJob that controls ``obj`` (None: none does)."""
+def controller_ref(obj: Mapping[str, Any], kind: str = c.KIND) -> Mapping[str, Any] | None:
+    """The owner reference of the job of ``kind`` that controls ``obj`` (None: none does)."""
     refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return next((r for r in refs if r.get("controller") and r.get("kind") == c.KIND), None)
+    return next((r for r in refs if r.get("controller") and r.get("kind") == kind), None)
 
 
-def left_by_earlier_job(obj: Mapping[str, Any], owner_uid: str, job_name: str) -> bool:
+def left_by_earlier_job(
+    obj: Mapping[str, Any], owner_uid: str, job_name: str, kind: str = c.KIND
+) -> bool:
     """True for a child of an earlier StrategyJob of the same name (deleted, then created
     again before the garbage collector removed its children): its controller is a
     StrategyJob named ``job_name`` whose uid is not ``owner_uid``. A child of another
     StrategyJob (say one relabelled by hand to this job's name) is not: that job is alive
-    and the pod is its own."""
-    ref = controller_ref(obj)
+    and the pod is its own. (``kind``: the job's; a TFJob's namesake StrategyJob is another
+    job.)"""
+    ref = controller_ref(obj, kind)
     if ref is None or ref.get("uid") in (None, owner_uid):
         return False
     return bool(ref.get("name", job_name) == job_name)

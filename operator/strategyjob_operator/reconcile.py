@@ -21,8 +21,18 @@ from typing import Any
 
 from strategyjob import jobspec
 
-from strategyjob_operator import children, decide, gang, observe, progress, undecodable
+from strategyjob_operator import (
+    children,
+    decide,
+    flavor,
+    gang,
+    observe,
+    progress,
+    scaling,
+    undecodable,
+)
 from strategyjob_operator import constants as c
+from strategyjob_operator.flavor import STRATEGYJOB, Flavor, Loaded
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
 from strategyjob_operator.metrics import REGISTRY, Registry
 from strategyjob_operator.pod_cache import PodCache
@@ -31,6 +41,8 @@ logger = logging.getLogger("strategyjob_operator")
 
 #: Seconds between passes while the pods of an earlier job of the same name are going.
 STALE_RETRY_SECONDS = 1.0
+#: Seconds until the pass after one that created the pods a TFJob's scale-up added.
+SCALE_RETRY_SECONDS = 0.1
 
 #: A job's per-job state is the job's, not its name's: (namespace, name, uid).
 JobKey = tuple[str, str, str]
@@ -218,6 +230,9 @@ class OperatorSettings:
     """Seconds a pod may be in phase Unknown before its replica fails, and may stay
     terminating past its grace period on a node that is gone or NotReady before it is
     force-deleted (``STRATEGYJOB_LOST_POD_SECONDS``)."""
+    serve_tfjobs: bool = False
+    """Whether the operator serves Kubeflow ``kubeflow.org/v1`` TFJobs too
+    (``STRATEGYJOB_SERVE_TFJOBS``; the chart's ``tfjob.enabled``)."""
 
 
 class Reconciler:
@@ -229,8 +244,11 @@ class Reconciler:
         clock: Callable[[], datetime] = utcnow,
         registry: Registry = REGISTRY,
         pod_cache: PodCache | None = None,
+        flavor: Flavor = STRATEGYJOB,
     ) -> None:
         self.api = api
+        #: The kind of job this reconciler serves (StrategyJobs; Kubeflow TFJobs).
+        self.flavor = flavor
         #: The jobs' pods as last seen (the operator's watch feeds it): a pass then reads
         #: only their metadata. None: a pass lists its job's pods in full.
         self.pod_cache = pod_cache
@@ -281,20 +299,24 @@ class Reconciler:
             self.metrics.observe_reconcile(time.perf_counter() - started)
 
     async def _reconcile(self, namespace: str, name: str, uid: str | None) -> float | None:
-        api = self.api
-        job_path = api.job_path(namespace, name)
+        api, kind = self.api, self.flavor.kind
+        job_path = self.flavor.job_path(namespace, name)
         job_obj = await api.get(job_path)
         if uid is not None and (job_obj is None or job_obj["metadata"].get("uid") != uid):
-            raise JobGone(f"StrategyJob {namespace}/{name} (uid {uid}) is gone")
+            raise JobGone(f"{kind} {namespace}/{name} (uid {uid}) is gone")
         if job_obj is None or job_obj["metadata"].get("deletionTimestamp"):
             return None
         now = self.clock()
-        status = job_obj.get("status") or {}
+        written = job_obj.get("status") or {}
         try:
-            job = jobspec.load_manifest(job_obj)
+            loaded = self.flavor.load(job_obj)
         except jobspec.ManifestError as e:
-            await self._invalid(job_obj, status, str(e), now)
+            await self._invalid(job_obj, written, str(e), now)
             return None  # failed for good: nothing to requeue
+        if not loaded.served:  # a TFJob that another controller (MultiKueue) manages
+            return None
+        job = loaded.job
+        status = self.flavor.internal_status(written, loaded)
 
         if self.pod_cache is not None:
             pods = await self.pod_cache.job_pods(namespace, name)
@@ -302,9 +324,13 @@ class Reconciler:
             pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
         uid = job_obj["metadata"].get("uid")
         key: JobKey = (namespace, name, uid or "")
-        stale = [p for p in pods if uid and observe.left_by_earlier_job(p, uid, name)]
+        stale = [p for p in pods if uid and observe.left_by_earlier_job(p, uid, name, kind)]
         if stale:
             return await self._remove_stale_pods(namespace, name, stale)
+        generation = job_obj["metadata"].get("generation", 0)
+        if loaded.tfjob is not None and scaling.scaled(status, generation, job.run_policy.suspend):
+            if await self._scale(loaded, job_obj, pods, status):
+                return SCALE_RETRY_SECONDS  # decide once the new pods are there
         replicas = observe.observe(job, pods, uid)
         replicas, seen = observe.stamp_unknown(
             replicas, self._unknown_seen.pop(key, {}), decide.timestamp(now)
@@ -319,6 +345,7 @@ class Reconciler:
             replicas,
             now,
             lost_pod_seconds=self.settings.lost_pod_seconds,
+            optional_types=loaded.optional_types,
         )
         if plan.action is not decide.Action.NONE:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
@@ -332,7 +359,6 @@ class Reconciler:
         retry = None
         extra_events: list[decide.Event] = []
         lost_wait = await self._force_delete_lost(namespace, replicas, now, extra_events)
-        generation = job_obj["metadata"].get("generation", 0)
         hold = decide.create_hold(self._create_backoff.get(key), generation, now)
         quota_frees = self._quota_frees[namespace]  # a quota freeing room from here on ends a wait
         if hold is not None and (plan.create or plan.ensure_service):
@@ -343,7 +369,7 @@ class Reconciler:
         blocked: list[str] = []
         if plan.ensure_service:
             try:
-                blocked = await self._ensure_job_objects(job, job_obj)
+                blocked = await self._ensure_job_objects(loaded, job_obj)
             except ApiError as e:  # RBAC, no PodGroup API, a webhook: in the status, no pods
                 create_error = (c.REASON_SETUP_FAILED, "the job's objects", e)
                 plan = dataclasses.replace(plan, create=())
@@ -355,7 +381,7 @@ class Reconciler:
                 waiting = await gang.quota_shortfall(api, job, plan.create, scheduler)
                 outcome = PodCreation()
                 if waiting is None:
-                    outcome = await self._create_pods(job, job_obj, plan.create, plan.status)
+                    outcome = await self._create_pods(loaded, job_obj, plan.create, plan.status)
             if waiting is not None:
                 create_error = (gang.REASON_WAITING_FOR_QUOTA, gang.waiting_what(plan), waiting)
             self.metrics.inc("pods_created", namespace, outcome.created)
@@ -403,8 +429,13 @@ class Reconciler:
                 plan_status, progress.aggregate(report, status.get("progress"))
             )
         if new_status != status:
-            patch = status_patch(status, new_status)
-            await api.merge_patch(api.job_path(namespace, name, "status"), {"status": patch})
+            new_written = self.flavor.external_status(new_status, loaded)
+            if loaded.tfjob is not None:  # TFJob's: when the status last changed
+                new_written["lastReconcileTime"] = decide.timestamp(now)
+            patch = status_patch(written, new_written)
+            await api.merge_patch(
+                self.flavor.job_path(namespace, name, "status"), {"status": patch}
+            )
         await self._post_events(job_obj, (*plan.events, *extra_events), now)
         for metric in plan.metrics:
             self.metrics.inc(metric, namespace)
@@ -416,9 +447,39 @@ class Reconciler:
         ]
         return min(delays) if delays else None
 
+    async def _scale(
+        self,
+        loaded: Loaded,
+        job_obj: dict[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        status: Mapping[str, Any],
+    ) -> bool:
+        """Carry out a TFJob's ``replicas`` edit (:mod:`.scaling`): delete the pods and
+        Services at indices it no longer has, create the Services, cluster ConfigMap and
+        pods of the indices it gained. True when pods were created (the pass ends: the next
+        one decides with them)."""
+        job, api, uid = loaded.job, self.api, job_obj["metadata"]["uid"]
+        ns = job.namespace
+        selector = f"{flavor.TF_LABEL_JOB_NAME}={job.name}"
+        services = await api.list_metadata(api.core_path(ns, "services"), selector)
+        doomed = scaling.surplus(job, pods, uid)
+        if doomed:
+            logger.info("%s %s/%s scaled down: deleting %s", self.flavor.kind, ns, job.name, doomed)
+            await self._delete_pods(ns, [n for n, _ in doomed], uids=dict(doomed))
+        for name, service_uid in scaling.surplus(job, services, uid):
+            await self._delete(api.core_path(ns, "services", name), uid=service_uid)
+        new = scaling.added(job, services)
+        if not new:
+            return False
+        logger.info("%s %s/%s scaled up: creating %s", self.flavor.kind, ns, job.name, new)
+        await self._ensure_job_objects(loaded, job_obj)
+        outcome = await self._create_pods(loaded, job_obj, new, status)
+        self.metrics.inc("pods_created", ns, outcome.created)
+        return True
+
     async def _create_pods(
         self,
-        job: jobspec.StrategyJob,
+        loaded: Loaded,
         job_obj: dict[str, Any],
         replicas: Sequence[tuple[str, int]],
         status: Mapping[str, Any],
@@ -426,6 +487,7 @@ class Reconciler:
         """Create the pods of ``replicas`` as a stream: at most ``max_in_flight`` requests at
         once, each pod built just before its request and dropped after it, so that creating
         a job of 1000 pods holds ``max_in_flight`` of them at a time, never all."""
+        job = loaded.job
         owner = children.owner_reference(job_obj)
         pods = children.iter_missing_pods(
             job,
@@ -433,6 +495,7 @@ class Reconciler:
             replicas,
             self.settings.gang_scheduler,
             decide.restart_attempt(dict(status)),
+            loaded.tfjob,
         )
         grace = self.settings.termination_grace_seconds
         path = self.api.core_path(job.namespace, "pods")
@@ -475,24 +538,30 @@ class Reconciler:
             return None
         return period * random.uniform(0.9, 1.1)
 
-    async def _ensure_job_objects(
-        self, job: jobspec.StrategyJob, job_obj: dict[str, Any]
-    ) -> list[str]:
+    async def _ensure_job_objects(self, loaded: Loaded, job_obj: dict[str, Any]) -> list[str]:
         """The job's headless Service, the ConfigMap its pods read the cluster from, its
         security objects (ServiceAccount, Role, RoleBinding, token Secret, NetworkPolicy) and
         its PodGroup, before its pods: all owned by the job, created once (an existing one of
         this job answers 409 and is kept, so the token stays). Returns what blocks the job:
-        objects with its names that it does not control."""
+        objects with its names that it does not control. A TFJob gets a headless Service per
+        replica instead of the job's one (:func:`children.build_replica_services`)."""
+        job, tfjob = loaded.job, loaded.tfjob
         api, ns = self.api, job.namespace
         owner = children.owner_reference(job_obj)
         rbac, net = "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"
         token = secrets.token_urlsafe(32)
+        services = (
+            [children.build_service(job, owner)]
+            if tfjob is None
+            else children.build_replica_services(tfjob, owner)
+        )
+        config_map = children.build_cluster_config_map(job, owner, tfjob)
         wanted = [
-            (api.core_path(ns, "services"), children.build_service(job, owner)),
+            *((api.core_path(ns, "services"), service) for service in services),
             (api.core_path(ns, "serviceaccounts"), children.build_service_account(job, owner)),
             (api.core_path(ns, "secrets"), children.build_token_secret(job, owner, token)),
             (api.group_path(net, ns, "networkpolicies"), children.build_network_policy(job, owner)),
-            (api.core_path(ns, "configmaps"), children.build_cluster_config_map(job, owner)),
+            (api.core_path(ns, "configmaps"), config_map),
         ]
         uid = job_obj["metadata"]["uid"]
         calls: list[Callable[[], Awaitable[object]]] = [
@@ -506,7 +575,7 @@ class Reconciler:
         calls.insert(2, functools.partial(self._create_children_in_order, (role, binding), uid))
         scheduler = self.settings.gang_scheduler
         if scheduler is not None:
-            group = gang.build_pod_group(job, owner, scheduler)
+            group = gang.build_pod_group(job, owner, scheduler, tfjob)
             calls.append(functools.partial(self._create_pod_group, scheduler, group, uid))
         results: list[Any] = []
         for r in await bounded_gather(calls, self.settings.max_in_flight):
@@ -574,7 +643,7 @@ class Reconciler:
         job_name = meta["ownerReferences"][0]["name"]
         if existing is None or existing["metadata"].get("deletionTimestamp"):
             raise StaleChildError(f"{what} is being deleted; will create it again once it is gone")
-        holder = observe.controller_uid(existing)  # the StrategyJob that controls it
+        holder = observe.controller_uid(existing, self.flavor.kind)  # the job controlling it
         if holder == uid:
             if obj["kind"] == "Pod" and _relabelled(obj, existing):
                 # This job's pod that no longer says which replica it is (relabelled by
@@ -750,7 +819,7 @@ class Reconciler:
         meta = job_obj["metadata"]
         new = {**status, "conditions": conds, "state": c.FAILED, "completionTime": ts}
         await self.api.merge_patch(
-            self.api.job_path(meta["namespace"], meta["name"], "status"), {"status": new}
+            self.flavor.job_path(meta["namespace"], meta["name"], "status"), {"status": new}
         )
         await self._post_events(
             job_obj, (decide.Event("Warning", c.REASON_INVALID_SPEC, problem),), now
@@ -764,6 +833,8 @@ class Reconciler:
         ts = decide.timestamp(now)
         for event in events:
             try:
-                await self.api.post_event(job_obj, event.type, event.reason, event.message, ts)
+                reason = self.flavor.reason(event.reason)
+                message = self.flavor.message(event.message, job_obj["metadata"]["name"])
+                await self.api.post_event(job_obj, event.type, reason, message, ts)
             except ApiError as e:  # an Event is worth a log line, not a failed pass
                 logger.warning("Posting event %s failed: %s", event.reason, e)

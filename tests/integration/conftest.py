@@ -51,6 +51,8 @@ def control_plane() -> Iterator[ControlPlane]:
 #: their own operators (``own_kube``) get namespaces it never touches.
 SHARED_PREFIX = "t-"
 OWN_PREFIX = "own-"
+#: Namespaces that only the TFJob tests' operator (serving TFJobs) watches.
+TFJOB_PREFIX = "tf-"
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +87,12 @@ def kube(control_plane: ControlPlane) -> Iterator[Kube]:
 def own_kube(control_plane: ControlPlane) -> Iterator[Kube]:
     """A fresh namespace no shared operator watches, for tests that run their own."""
     yield from _namespace(control_plane, OWN_PREFIX)
+
+
+@pytest.fixture
+def tf_kube(control_plane: ControlPlane) -> Iterator[Kube]:
+    """A fresh namespace that only the TFJob tests' operator watches (test_k8s_tfjob.py)."""
+    yield from _namespace(control_plane, TFJOB_PREFIX)
 
 
 @pytest.fixture(scope="module")

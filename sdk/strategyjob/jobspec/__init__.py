@@ -4,6 +4,8 @@ Shared by ``strategyjob run`` and the operator; imports neither torch nor kopf.
 
     job = load_manifest(yaml.safe_load(text))      # raises ManifestError
     env = replica_env(job, "worker", 1, cluster_for_kubernetes(job))
+    tfjob = load_tfjob(tfjob_dict)                  # kubeflow.org/v1; tfjob.job: a StrategyJob
+    env = tfjob_replica_env(tfjob, "worker", 0)      # TF_CONFIG as training-operator writes it
     job = StrategyJob.build("mnist", strategy=..., image=..., command=[...])
     job.to_manifest()                               # the YAML a user would write
 """
@@ -41,6 +43,10 @@ from strategyjob.jobspec._env import (
     service_account_name,
     success_replicas,
     tf_config,
+    tfjob_cluster_spec,
+    tfjob_replica_env,
+    tfjob_replica_env_by_reference,
+    tfjob_tf_config,
     token_secret_name,
     training_container,
     training_container_index,
@@ -91,6 +97,23 @@ from strategyjob.jobspec._model import (
     tf_config_bound,
 )
 from strategyjob.jobspec._render import build_manifest, to_manifest
+from strategyjob.jobspec._tfjob import infer_strategy, load_tfjob
+from strategyjob.jobspec._tfmodel import (
+    MULTIKUEUE,
+    TFJOB_API_VERSION,
+    TFJOB_CONTAINER_NAME,
+    TFJOB_DEFAULT_CLEAN_POD_POLICY,
+    TFJOB_DEFAULT_PORT,
+    TFJOB_GROUP,
+    TFJOB_KIND,
+    TFJOB_PLURAL,
+    TFJOB_PORT_NAME,
+    TFJOB_REPLICA_KEYS,
+    TFJOB_VERSION,
+    TRAINING_OPERATOR,
+    TFJob,
+    TFReplica,
+)
 
 bind_codec(Codec(load_manifest, build_manifest, to_manifest))
 
@@ -131,6 +154,7 @@ __all__ = [
     "MAX_REPLICAS",
     "MAX_TOTAL_REPLICAS",
     "MAX_VOLUMES",
+    "MULTIKUEUE",
     "PORT_PROTOCOLS",
     "REPLICA_TYPES",
     "RESTART_POLICIES",
@@ -138,9 +162,20 @@ __all__ = [
     "SINGLE_PROCESS_STRATEGIES",
     "STRATEGIES",
     "SUCCESS_POLICIES",
+    "TFJOB_API_VERSION",
+    "TFJOB_CONTAINER_NAME",
+    "TFJOB_DEFAULT_CLEAN_POD_POLICY",
+    "TFJOB_DEFAULT_PORT",
+    "TFJOB_GROUP",
+    "TFJOB_KIND",
+    "TFJOB_PLURAL",
+    "TFJOB_PORT_NAME",
+    "TFJOB_REPLICA_KEYS",
+    "TFJOB_VERSION",
     "TOKEN_SECRET_KEY",
     "TOKEN_SECRET_SUFFIX",
     "TRAINING_CONTAINER_NAME",
+    "TRAINING_OPERATOR",
     "TRAINING_REPLICA_TYPES",
     "BuildOptions",
     "ManifestError",
@@ -148,14 +183,18 @@ __all__ = [
     "RunPolicy",
     "SchedulingPolicy",
     "StrategyJob",
+    "TFJob",
+    "TFReplica",
     "cluster_config_map_name",
     "cluster_for_kubernetes",
     "cluster_spec",
     "format_value",
+    "infer_strategy",
     "kubernetes_literal",
     "leader",
     "load_manifest",
     "load_manifest_file",
+    "load_tfjob",
     "max_name_length",
     "messages",
     "read_manifest_file",
@@ -166,6 +205,10 @@ __all__ = [
     "success_replicas",
     "tf_config",
     "tf_config_bound",
+    "tfjob_cluster_spec",
+    "tfjob_replica_env",
+    "tfjob_replica_env_by_reference",
+    "tfjob_tf_config",
     "token_secret_name",
     "training_container",
     "training_container_index",

@@ -9,6 +9,7 @@ from typing import Any
 
 from strategyjob import _names
 from strategyjob.jobspec._model import REPLICA_TYPES, TRAINING_CONTAINER_NAME, StrategyJob
+from strategyjob.jobspec._tfmodel import TFJob
 
 #: Variables :func:`replica_env` sets (RANK and WORLD_SIZE only for chief and worker); their
 #: names are defined once, in strategyjob._names.
@@ -99,14 +100,17 @@ def success_replicas(job: StrategyJob) -> list[tuple[str, int]]:
     return [leader(job)]
 
 
-def training_container_index(pod_template: Mapping[str, Any]) -> int:
+def training_container_index(
+    pod_template: Mapping[str, Any], name: str = TRAINING_CONTAINER_NAME
+) -> int:
     """Where the training container is in the template's ``spec.containers``: the one
-    named ``strategyjob``, else the first (the operator edits it in place there)."""
+    named ``name`` (``strategyjob``; a TFJob's ``tensorflow``), else the first (the
+    operator edits it in place there)."""
     containers = (pod_template.get("spec") or {}).get("containers") or []
     if not containers:
         raise ValueError("The pod template has no containers.")
     for index, container in enumerate(containers):
-        if container.get("name") == TRAINING_CONTAINER_NAME:
+        if container.get("name") == name:
             return index
     return 0
 
@@ -215,13 +219,24 @@ def replica_env_by_reference(
     :func:`kubernetes_literal` (no value has a ``$`` today; one added later stays as it is).
     """
     before, after = _around_cluster_spec(replica_type, index)
+    env = _replica_env(job, replica_type, index, cluster, restart_attempt, "")
+    return _env_entries(env, before, after, config_map)
+
+
+def _env_entries(
+    env: Mapping[str, str], before: str, after: str | None, config_map: str
+) -> list[dict[str, Any]]:
+    """``env`` as pod-spec entries, every value a :func:`kubernetes_literal`. With ``after``
+    (not None), TF_CONFIG is ``before`` + the ConfigMap's cluster + ``after``: first
+    :data:`ENV_CLUSTER_SPEC` from ``config_map``, then TF_CONFIG referring to it."""
+    if after is None:
+        return [{"name": k, "value": kubernetes_literal(v)} for k, v in env.items()]
     reference = f"{kubernetes_literal(before)}$({ENV_CLUSTER_SPEC}){kubernetes_literal(after)}"
-    env = _replica_env(job, replica_type, index, cluster, restart_attempt, reference)
     source = {"configMapKeyRef": {"name": config_map, "key": CLUSTER_SPEC_KEY}}
     return [
         {"name": ENV_CLUSTER_SPEC, "valueFrom": source},
         *(
-            {"name": k, "value": v if k == ENV_TF_CONFIG else kubernetes_literal(v)}
+            {"name": k, "value": reference if k == ENV_TF_CONFIG else kubernetes_literal(v)}
             for k, v in env.items()
         ),
     ]
@@ -233,9 +248,10 @@ def _replica_env(
     index: int,
     cluster: Mapping[str, list[str]],
     restart_attempt: int,
-    tf_config_value: str,
+    tf_config_value: str | None,
 ) -> dict[str, str]:
-    """The environment of :func:`replica_env`, with ``tf_config_value`` as TF_CONFIG."""
+    """The environment of :func:`replica_env`, with ``tf_config_value`` as TF_CONFIG (none
+    when None)."""
     count = job.num_replicas(replica_type)
     if replica_type not in REPLICA_TYPES or not 0 <= index < count:
         raise ValueError(
@@ -248,8 +264,8 @@ def _replica_env(
 
     leader_type, leader_index = leader(job)
     master_host, _, master_port = cluster[leader_type][leader_index].rpartition(":")
-    env = {
-        ENV_TF_CONFIG: tf_config_value,
+    env = {} if tf_config_value is None else {ENV_TF_CONFIG: tf_config_value}
+    env |= {
         ENV_MASTER_ADDR: master_host,
         ENV_MASTER_PORT: master_port,
         ENV_JOB_NAME: job.name,
@@ -265,3 +281,96 @@ def _replica_env(
         env[ENV_WORLD_SIZE] = str(num_chief + job.num_replicas("worker"))
         env[ENV_RANK] = str(0 if replica_type == "chief" else index + num_chief)
     return env
+
+
+# -- Kubeflow TFJob: TF_CONFIG byte for byte as training-operator v1.9.4 writes it --------------
+
+
+def _go_json(value: object) -> str:
+    """Compact JSON in the key order given (Go marshals a struct's fields in order)."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def tfjob_cluster_spec(tfjob: TFJob) -> str:
+    """The cluster of a TFJob's (dense) ``TF_CONFIG``: every replica type, evaluator and
+    master included, by lowercased type in sorted order (Go marshals a map so), each with
+    its addresses ``<job>-<type>-<i>.<namespace>.svc:<port>``. The same for every replica,
+    so the operator stores it once, in the job's ConfigMap."""
+    cluster = {tfjob.type_name(t): a for t, a in tfjob.cluster().items()}
+    return _compact_json(cluster)
+
+
+def _tfjob_task(tfjob: TFJob, replica_type: str, index: int) -> str:
+    return _go_json({"type": tfjob.type_name(replica_type), "index": index})
+
+
+def _tfjob_around_cluster(tfjob: TFJob, replica_type: str, index: int) -> tuple[str, str]:
+    """What a TFJob's dense ``TF_CONFIG`` has before and after :func:`tfjob_cluster_spec`."""
+    task = _tfjob_task(tfjob, replica_type, index)
+    return '{"cluster":', f',"task":{task},"environment":"cloud"}}'
+
+
+def _sparse_tf_config(tfjob: TFJob, replica_type: str, index: int) -> str:
+    """``enableDynamicWorker``'s ``TF_CONFIG``, without ``environment``: a worker sees itself
+    (``{"<i>": addr}``) and every ps (``null`` when there is none, as Go writes a nil list),
+    a ps itself; the chief (or master) the whole cluster, where training-operator gives it
+    an empty one (its bug #1763); an evaluator an empty one."""
+    task = _tfjob_task(tfjob, replica_type, index)
+    if replica_type == "chief":
+        return f'{{"cluster":{tfjob_cluster_spec(tfjob)},"task":{task}}}'
+    cluster = tfjob.cluster()
+    workers: dict[str, str] = {}
+    ps: list[str] | None = []
+    if replica_type == "worker":
+        workers = {str(index): cluster["worker"][index]}
+        ps = cluster.get("ps")
+    elif replica_type == "ps":
+        ps = [cluster["ps"][index]]
+    return f'{{"cluster":{_go_json({"worker": workers, "ps": ps})},"task":{task}}}'
+
+
+def tfjob_tf_config(tfjob: TFJob, replica_type: str, index: int) -> str | None:
+    """Replica ``(replica_type, index)``'s ``TF_CONFIG`` (``replica_type`` a StrategyJob type,
+    ``chief`` for a Master), byte for byte as training-operator writes it:
+    ``{"cluster":{...},"task":{"type":<lowercased type>,"index":i},"environment":"cloud"}``;
+    the sparse form under ``enableDynamicWorker``; None in a one-replica job, which gets
+    none (``isDistributed``)."""
+    if tfjob.job.total_replicas == 1:
+        return None
+    if tfjob.enable_dynamic_worker:
+        return _sparse_tf_config(tfjob, replica_type, index)
+    before, after = _tfjob_around_cluster(tfjob, replica_type, index)
+    return before + tfjob_cluster_spec(tfjob) + after
+
+
+def _tfjob_env(
+    tfjob: TFJob, replica_type: str, index: int, restart_attempt: int, tf_config_value: str | None
+) -> dict[str, str]:
+    """The StrategyJob environment of a TFJob's replica (torch rendezvous at the leader's
+    Service), its ``TF_CONFIG`` being ``tf_config_value``."""
+    cluster = tfjob.cluster()
+    return _replica_env(tfjob.job, replica_type, index, cluster, restart_attempt, tf_config_value)
+
+
+def tfjob_replica_env(
+    tfjob: TFJob, replica_type: str, index: int, restart_attempt: int = 0
+) -> dict[str, str]:
+    """:func:`replica_env` for a TFJob's replica: :func:`tfjob_tf_config` (none in a
+    one-replica job), beside the SDK's variables, which leave ``TF_CONFIG`` unchanged."""
+    value = tfjob_tf_config(tfjob, replica_type, index)
+    return _tfjob_env(tfjob, replica_type, index, restart_attempt, value)
+
+
+def tfjob_replica_env_by_reference(
+    tfjob: TFJob, replica_type: str, index: int, restart_attempt: int = 0, *, config_map: str
+) -> list[dict[str, Any]]:
+    """:func:`tfjob_replica_env` as a pod spec's ``env`` entries. The dense ``TF_CONFIG``
+    refers to the cluster in ConfigMap ``config_map`` (holding :func:`tfjob_cluster_spec`),
+    as :func:`replica_env_by_reference` does, so the container gets it byte for byte; the
+    sparse one, a replica's own, is written out."""
+    if tfjob.job.total_replicas == 1 or tfjob.enable_dynamic_worker:
+        env = tfjob_replica_env(tfjob, replica_type, index, restart_attempt)
+        return _env_entries(env, "", None, config_map)
+    before, after = _tfjob_around_cluster(tfjob, replica_type, index)
+    env = _tfjob_env(tfjob, replica_type, index, restart_attempt, "")
+    return _env_entries(env, before, after, config_map)

@@ -203,7 +203,32 @@ class _Checker:
 def load_manifest(obj: Any) -> StrategyJob:
     """Parse and validate a StrategyJob manifest (the dict of a YAML document or an
     API object). Raises :class:`ManifestError` listing every problem found."""
+    return _load(obj, _Checker(), topology=True)
+
+
+def load_translated(obj: Any, paths: Mapping[str, str], problems: Sequence[str]) -> StrategyJob:
+    """Validate a StrategyJob manifest translated from another kind of job (a TFJob), which
+    has its own topology rules: the per-strategy replica rules are left out, and each
+    problem's leading path is written back as the source names it (``paths``: translated
+    prefix, e.g. ``spec.replicaSpecs.chief``, to the source's, ``spec.tfReplicaSpecs.Master``;
+    longest first). ``problems`` (the source's own) come first in the one error raised."""
     check = _Checker()
+    check.problems.extend(problems)
+    try:
+        return _load(obj, check, topology=False)
+    except ManifestError as e:
+        raise ManifestError([_renamed(p, paths) for p in e.problems]) from None
+
+
+def _renamed(problem: str, paths: Mapping[str, str]) -> str:
+    path, sep, rest = problem.partition(": ")
+    for translated in sorted(paths, key=len, reverse=True):
+        if path == translated or path.startswith((translated + ".", translated + "[")):
+            return paths[translated] + path[len(translated) :] + sep + rest
+    return problem
+
+
+def _load(obj: Any, check: _Checker, *, topology: bool) -> StrategyJob:
     if not isinstance(obj, Mapping):
         check.add(msg.NOT_A_MANIFEST, obj)
         raise ManifestError(check.problems)
@@ -235,7 +260,7 @@ def load_manifest(obj: Any) -> StrategyJob:
     )
     port = check.integer("spec.port", spec.get("port"), DEFAULT_PORT, 1, 65535)
 
-    if strategy is not None and replica_specs and counts_ok:
+    if topology and strategy is not None and replica_specs and counts_ok:
         _check_topology(check, strategy, replica_specs)
     if name is not None and replica_specs:
         _check_name_length(check, name, replica_specs)
@@ -412,7 +437,7 @@ def _read_template(check: _Checker, replica_type: str, raw: Any) -> dict[str, An
             else:
                 _read_container(check, f"{path}.spec.containers[{index}]", container)
     _read_pod_references(check, f"{path}.spec", pod_spec)
-    return copy.deepcopy(_plain(template))
+    return copy.deepcopy(plain(template))
 
 
 def _read_pod_references(check: _Checker, path: str, pod_spec: Mapping[str, Any]) -> None:
@@ -696,10 +721,10 @@ def _check_service_account_refs(
                 )
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Convert Mapping/Sequence views (e.g. kopf bodies) to plain dicts and lists."""
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value

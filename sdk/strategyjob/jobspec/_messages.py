@@ -163,3 +163,41 @@ MIN_AVAILABLE_TOO_LARGE = (
     "spec.runPolicy.schedulingPolicy.minAvailable: more than the job's {total} replicas "
     "(got {value}). Set it to at most {total}."
 )
+
+# --- Kubeflow TFJob (kubeflow.org/v1) ------------------------------------------------------------
+NOT_A_TFJOB = (
+    "manifest: a TFJob manifest must be a mapping (got {value}). "
+    "Start the file with apiVersion: kubeflow.org/v1 and kind: TFJob."
+)
+BAD_TFJOB_API_VERSION = (
+    "apiVersion: unsupported apiVersion for a TFJob (got {value}). Use apiVersion: kubeflow.org/v1."
+)
+BAD_TFJOB_KIND = "kind: unsupported kind (got {value}). Use kind: TFJob."
+MISSING_TF_REPLICA_SPECS = (
+    "spec.tfReplicaSpecs: the TFJob has no replicas (got {value}). "
+    "Add spec.tfReplicaSpecs.Worker with replicas and a template."
+)
+UNKNOWN_TF_REPLICA_TYPE = (
+    "spec.tfReplicaSpecs.{key}: unknown replica type (got {value}). "
+    "Use Chief, Master, Worker, PS or Evaluator."
+)
+DUPLICATE_TF_REPLICA_TYPE = (
+    "spec.tfReplicaSpecs.{key}: the same replica type as {other}, as keys are "
+    "case-insensitive (got {value}). Keep one of them."
+)
+TOO_MANY_CHIEFS = (
+    "spec.tfReplicaSpecs: a TFJob may have at most one Chief or Master replica in all "
+    "(got {value}). Keep one, with replicas: 1."
+)
+NO_TENSORFLOW_CONTAINER = (
+    "spec.tfReplicaSpecs.{key}.template.spec.containers: there is no container named "
+    "tensorflow (got {value}). Name the training container tensorflow."
+)
+TFJOB_NEEDS_TRAINER = (
+    "spec.tfReplicaSpecs: the TFJob has no Chief, Master or Worker replica to run training "
+    "(got {value}). Add spec.tfReplicaSpecs.Worker with replicas: 1."
+)
+BAD_MANAGED_BY = (
+    "spec.runPolicy.managedBy: unknown controller (got {value}). "
+    "Use kubeflow.org/training-operator, kueue.x-k8s.io/multikueue, or leave it unset."
+)

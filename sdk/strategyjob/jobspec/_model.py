@@ -261,6 +261,10 @@ class StrategyJob:
     port: int = DEFAULT_PORT
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: How a replica type is written in pod names where it differs from the type (a TFJob's
+    #: ``Master`` runs as the chief and names its pods ``<job>-master-<i>``); a manifest of
+    #: StrategyJob's own has none.
+    pod_types: Mapping[str, str] = field(default_factory=dict)
 
     def num_replicas(self, replica_type: str) -> int:
         """Replicas of ``replica_type``; 0 when the manifest does not name it."""
@@ -281,7 +285,7 @@ class StrategyJob:
 
     def pod_name(self, replica_type: str, index: int) -> str:
         """``<job>-<type>-<index>``: the pod's name and hostname."""
-        return f"{self.name}-{replica_type}-{index}"
+        return f"{self.name}-{self.pod_types.get(replica_type, replica_type)}-{index}"
 
     def to_manifest(self) -> dict[str, Any]:
         """The manifest a user would write for this job (fields at their defaults left

@@ -101,9 +101,9 @@ def test_a_jobs_daemon_ends_when_the_job_is_deleted_or_replaced_by_a_namesake(
             handlers.run_job(namespace="ns", name="j", uid="u2", stopped=_Never())
         )
         await asyncio.wait_for(first, 10)
-        assert not second.done() and state.daemons == {("ns", "j"): "u2"}
+        assert not second.done() and state.daemons == {("strategyjobs", "ns", "j"): "u2"}
         assert reconciler.forgotten == [("ns", "j", "u1")]  # the first job's state only
-        assert ("ns", "j") in state.wakeups
+        assert ("strategyjobs", "ns", "j") in state.wakeups
         # the first job's DELETED event, late: the second daemon stays
         await handlers.job_changed(namespace="ns", name="j", uid="u1", type="DELETED")
         await asyncio.sleep(0.2)

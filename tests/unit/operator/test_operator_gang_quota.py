@@ -663,7 +663,7 @@ def test_a_quota_event_that_frees_room_wakes_the_waiting_jobs_loops(
     state = handlers._State()
     state.reconciler = waiters = Waiters()  # type: ignore[assignment]
     monkeypatch.setattr(handlers, "STATE", state)
-    loop = state.wakeups[("ns", "j")] = asyncio.Event()
+    loop = state.wakeups[("strategyjobs", "ns", "j")] = asyncio.Event()
 
     def event(type_: str | None, used: str) -> None:
         body = rq("team", {"cpu": "4"}, {"cpu": used})
