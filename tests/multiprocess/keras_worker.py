@@ -1,0 +1,111 @@
+"""One MultiWorkerMirroredStrategy task (TF_CONFIG set by the test) training Keras models with
+``fit`` / ``evaluate`` / ``predict``, each against a plain Keras copy of the model run in the
+same process on the whole global batch (no strategy: one process, Keras's own math).
+
+``python keras_worker.py`` prints one ``RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import keras  # KERAS_BACKEND=torch: set by the test, as a job's env sets it
+import numpy as np
+import strategyjob as sj
+import torch
+
+torch.set_num_threads(1)
+
+ROWS, FEATURES, BATCH = 9, 3, 4  # batches of 4, 4 and 1 rows: worker 1 has no row in the last
+
+
+class RowRecorder(keras.Sequential):
+    """Records the rows each training step of this worker computed on (column 0: row id)."""
+
+    seen: list[int]
+
+    def train_step(self, data):  # type: ignore[no-untyped-def]
+        self.seen.extend(int(i) for i in data[0][:, 0])
+        return super().train_step(data)
+
+
+def _layers() -> list:
+    return [
+        keras.Input((FEATURES,)),
+        keras.layers.Dense(5, activation="tanh"),
+        keras.layers.Dense(2),
+    ]
+
+
+def _plain_copy(model: keras.Model) -> keras.Model:
+    """The same architecture and weights, built outside every scope: plain Keras."""
+    reference = keras.Sequential(_layers())
+    reference.set_weights(model.get_weights())
+    return reference
+
+
+def _compile(model: keras.Model) -> None:
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss="mse",
+        metrics=["mae", keras.metrics.MeanSquaredError(name="mse_metric")],
+    )
+
+
+def _max_diff(a: list, b: list) -> float:
+    return max(float(np.max(np.abs(np.asarray(u) - np.asarray(v)))) for u, v in zip(a, b))
+
+
+def fit_evaluate_predict(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    rng = np.random.default_rng(7)  # the same data on every worker
+    x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
+    y = rng.normal(size=(ROWS, 2)).astype("float32")
+    weights = rng.uniform(0.5, 2.0, size=ROWS).astype("float32")
+    x_val = rng.normal(size=(5, FEATURES)).astype("float32")
+    y_val = rng.normal(size=(5, 2)).astype("float32")
+
+    keras.utils.set_random_seed(strategy.cluster_resolver.task_id)  # different draws per worker
+    with strategy.scope():
+        model = keras.Sequential(_layers())
+    initial = [w.tolist() for w in model.get_weights()]  # the chief's, broadcast at scope exit
+    _compile(model)  # outside the scope: the model keeps its strategy
+    reference = _plain_copy(model)
+    _compile(reference)
+
+    kwargs = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0, sample_weight=weights)
+    history = model.fit(x, y, validation_data=(x_val, y_val), **kwargs)
+    ref_history = reference.fit(x, y, validation_data=(x_val, y_val), **kwargs)
+    return {
+        "initial": initial,
+        "weights_diff": _max_diff(model.get_weights(), reference.get_weights()),
+        "history": history.history,
+        "ref_history": ref_history.history,
+        "evaluate": model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
+        "ref_evaluate": reference.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
+        "predict": model.predict(x, batch_size=BATCH, verbose=0).tolist(),
+        "ref_predict": reference.predict(x, batch_size=BATCH, verbose=0).tolist(),
+    }
+
+
+def rows_computed(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """Shuffled fit: the rows this worker trained on, per epoch (column 0 is the row id)."""
+    x = np.arange(ROWS, dtype="float32")[:, None].repeat(FEATURES, axis=1)
+    y = np.zeros((ROWS, 2), dtype="float32")
+    with strategy.scope():
+        model = RowRecorder(_layers())
+    model.seen = []
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=True, verbose=0)
+    return {"seen": model.seen}
+
+
+def main() -> None:
+    strategy = sj.MultiWorkerMirroredStrategy()
+    result = {"worker": strategy.cluster_resolver.task_id}
+    result.update(fit_evaluate_predict(strategy))
+    result.update(rows_computed(strategy))
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Keras 3 ``fit`` / ``evaluate`` / ``predict`` of a model built in a 2-worker
+MultiWorkerMirroredStrategy's scope (gloo), against plain Keras on the whole global batch in the
+same process: same weights, history, metrics and predictions on every worker, the work split."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from _local_cluster import run_tasks
+
+from ._cluster import cluster_of
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(
+        importlib.util.find_spec("keras") is None,
+        reason="needs the keras extra (pip install 'strategyjob[keras]')",
+    ),
+]
+
+WORKER = Path(__file__).resolve().parent / "keras_worker.py"
+ROWS = 9  # keras_worker.ROWS: global batches of 4, 4 and 1 rows
+TIGHT = dict(rel=1e-5, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    env = {"KERAS_BACKEND": "torch"}
+    runs = run_tasks([sys.executable, str(WORKER)], cluster_of(2), timeout=120, extra_env=env)
+    for run in runs:
+        assert run.returncode == 0, f"{run.task} exited {run.returncode}:\n{run.output[-4000:]}"
+    return sorted((run.result for run in runs), key=lambda r: r["worker"])
+
+
+@pytest.mark.timeout(150)
+def test_fit_matches_one_process_on_the_global_batch(results: list[dict]) -> None:
+    chief, other = results
+    assert chief["initial"] == other["initial"]  # the chief's draws, though the seeds differ
+    for r in results:
+        # Adam, sample weights, a last batch of one row (worker 1 has none): same update
+        assert r["weights_diff"] < 1e-5
+        assert r["history"].keys() == r["ref_history"].keys()
+        for name, values in r["history"].items():
+            # loss and metrics of the whole global batch, validation included, not local ones
+            assert values == pytest.approx(r["ref_history"][name], **TIGHT), name
+    assert chief["history"] == other["history"]
+
+
+@pytest.mark.timeout(150)
+def test_evaluate_and_predict_match_one_process(results: list[dict]) -> None:
+    for r in results:
+        assert r["evaluate"] == pytest.approx(r["ref_evaluate"], **TIGHT)
+        # every row, in order, on every worker
+        assert len(r["predict"]) == ROWS
+        for row, ref_row in zip(r["predict"], r["ref_predict"]):
+            assert row == pytest.approx(ref_row, **TIGHT)
+    assert results[0]["evaluate"] == results[1]["evaluate"]
+    assert results[0]["predict"] == results[1]["predict"]
+
+
+@pytest.mark.timeout(150)
+def test_shuffled_fit_splits_every_global_batch(results: list[dict]) -> None:
+    """Each epoch (batches of 4, 4, 1), worker 0 trains on 2 + 2 + 1 rows and worker 1 on
+    2 + 2 + 0: together every row once, though each worker holds all the data and shuffles."""
+    seen = [r["seen"] for r in results]
+    assert [len(s) for s in seen] == [10, 8]
+    for epoch in range(2):
+        rows = seen[0][epoch * 5 : epoch * 5 + 5] + seen[1][epoch * 4 : epoch * 4 + 4]
+        assert sorted(rows) == list(range(ROWS)), f"epoch {epoch}: {rows}"
