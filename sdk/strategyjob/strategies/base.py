@@ -379,9 +379,12 @@ class StrategyExtended:
 
     # --- local results and values ---------------------------------------------------------
     def _local_results(self, value: Any) -> tuple:
+        """One entry per local replica. A nest (list, tuple, dict), with or without distributed
+        values, gives one copy per replica, as TF 2.21 does (``{"a": 1.0}`` under 2 replicas:
+        two dicts); a single plain value gives ``(value,)``."""
         if isinstance(value, DistributedValues):
             return value.values
-        if _is_distributed_nest(value):
+        if _nest.is_nested(value):
             count = len(self._logical_devices)
             return tuple(
                 _nest.map_structure(
