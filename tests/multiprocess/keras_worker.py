@@ -8,6 +8,8 @@ same process on the whole global batch (no strategy: one process, Keras's own ma
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import keras  # KERAS_BACKEND=torch: set by the test, as a job's env sets it
 import numpy as np
@@ -99,11 +101,35 @@ def rows_computed(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     return {"seen": model.seen}
 
 
+def saving(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """model.save, save_weights and ModelCheckpoint into a directory both workers share."""
+    shared = Path(os.environ["KERAS_SAVE_DIR"])
+    x = np.random.default_rng(3).normal(size=(ROWS, FEATURES)).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential(_layers())
+    _compile(model)
+    checkpoint = keras.callbacks.ModelCheckpoint(
+        str(shared / "ckpt-{epoch}.weights.h5"), save_weights_only=True
+    )
+    model.fit(x, x[:, :2], batch_size=BATCH, epochs=2, verbose=0, callbacks=[checkpoint])
+    model.save(shared / "model.keras")
+    model.save_weights(shared / "last.weights.h5")
+    loaded = keras.models.load_model(shared / "model.keras")  # the chief's, complete
+    reloaded = keras.Sequential(_layers())
+    reloaded.load_weights(shared / "ckpt-2.weights.h5")
+    return {
+        "files": sorted(p.name for p in shared.iterdir()),
+        "loaded_diff": _max_diff(loaded.get_weights(), model.get_weights()),
+        "checkpoint_diff": _max_diff(reloaded.get_weights(), model.get_weights()),
+    }
+
+
 def main() -> None:
     strategy = sj.MultiWorkerMirroredStrategy()
     result = {"worker": strategy.cluster_resolver.task_id}
     result.update(fit_evaluate_predict(strategy))
     result.update(rows_computed(strategy))
+    result.update(saving(strategy))
     print("RESULT " + json.dumps(result), flush=True)
 
 

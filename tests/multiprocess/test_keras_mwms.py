@@ -27,8 +27,21 @@ TIGHT = dict(rel=1e-5, abs=1e-6)
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict]:
-    env = {"KERAS_BACKEND": "torch"}
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``shared/``: storage both workers write to; ``tmp/``: their TMPDIR."""
+    root = tmp_path_factory.mktemp("keras")
+    (root / "shared").mkdir()
+    (root / "tmp").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def results(scratch: Path) -> list[dict]:
+    env = {
+        "KERAS_BACKEND": "torch",
+        "KERAS_SAVE_DIR": str(scratch / "shared"),
+        "TMPDIR": str(scratch / "tmp"),
+    }
     runs = run_tasks([sys.executable, str(WORKER)], cluster_of(2), timeout=120, extra_env=env)
     for run in runs:
         assert run.returncode == 0, f"{run.task} exited {run.returncode}:\n{run.output[-4000:]}"
@@ -70,3 +83,15 @@ def test_shuffled_fit_splits_every_global_batch(results: list[dict]) -> None:
     for epoch in range(2):
         rows = seen[0][epoch * 5 : epoch * 5 + 5] + seen[1][epoch * 4 : epoch * 4 + 4]
         assert sorted(rows) == list(range(ROWS)), f"epoch {epoch}: {rows}"
+
+
+@pytest.mark.timeout(150)
+def test_saves_are_written_once_by_the_chief(results: list[dict], scratch: Path) -> None:
+    """model.save, save_weights and ModelCheckpoint on storage both workers share: one complete
+    file each, loaded back on both workers; the other worker's temporary copies are gone."""
+    expected = ["ckpt-1.weights.h5", "ckpt-2.weights.h5", "last.weights.h5", "model.keras"]
+    for r in results:
+        assert r["files"] == expected
+        assert r["loaded_diff"] == 0.0
+        assert r["checkpoint_diff"] == 0.0
+    assert not [p.name for p in (scratch / "tmp").iterdir() if p.name.startswith("strategyjob")]

@@ -20,13 +20,16 @@ Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBin
   of every worker in worker order, which is row order;
 * ``get_metrics_result``: reads the metrics with their variables summed over the workers
   (TF's sync-on-read metric variables), so logs, history, the progress bar and ``evaluate``
-  give the global figures, the same on every worker.
+  give the global figures, the same on every worker;
+* ``save`` / ``save_weights``: the chief writes, the others write to a temporary directory
+  that is removed (TF's Keras), then every worker waits for the chief's file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -156,6 +159,8 @@ class MultiWorkerBinding:
         model.test_step = self.test_step
         model.predict_step = self.predict_step
         model.get_metrics_result = self.get_metrics_result
+        model.save = self._chief_writes("save")
+        model.save_weights = self._chief_writes("save_weights")
 
     # --- entry points -----------------------------------------------------------------------
     def _in_scope(self, name: str) -> Callable[..., Any]:
@@ -176,6 +181,36 @@ class MultiWorkerBinding:
 
         in_scope.__doc__ = method.__doc__
         return in_scope
+
+    def _chief_writes(self, name: str) -> Callable[..., Any]:
+        """``save`` / ``save_weights`` (and so ``ModelCheckpoint`` and ``BackupAndRestore``'s
+        saves): the chief writes the path; the other workers write to a temporary directory
+        that is removed, as TF's Keras does, so that files on storage every worker shares are
+        written once. Every worker returns once the chief's file is complete; an error on one
+        worker raises on every worker."""
+        method = getattr(type(self._model), name)
+
+        def write(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            failed = torch.ones(1)
+            try:
+                if self._strategy.extended.should_checkpoint:
+                    result = method(self._model, filepath, *args, **kwargs)
+                else:
+                    with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
+                        path = os.path.join(scratch, os.path.basename(os.fspath(filepath)))
+                        result = method(self._model, path, *args, **kwargs)
+                failed.zero_()
+            finally:
+                (failures,) = self._collectives.all_reduce([failed], ReduceOp.SUM)
+            if failures.item() > 0:
+                raise RuntimeError(
+                    f"model.{name}({os.fspath(filepath)!r}) failed on another worker (its log "
+                    "says why); nothing was saved there."
+                )
+            return result
+
+        write.__doc__ = method.__doc__
+        return write
 
     @contextlib.contextmanager
     def _same_random_order(self) -> Iterator[None]:
