@@ -124,12 +124,26 @@ def saving(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     }
 
 
+def batch_norm(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """A model with moving statistics, trained on different rows per worker: every worker
+    ends with the same weights, moving mean and variance included."""
+    x = np.random.default_rng(5).normal(size=(16, FEATURES)).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.BatchNormalization(), keras.layers.Dense(2)]
+        )
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, x[:, :2], batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return {"bn_weights": [w.tolist() for w in model.get_weights()]}
+
+
 def main() -> None:
     strategy = sj.MultiWorkerMirroredStrategy()
     result = {"worker": strategy.cluster_resolver.task_id}
     result.update(fit_evaluate_predict(strategy))
     result.update(rows_computed(strategy))
     result.update(saving(strategy))
+    result.update(batch_norm(strategy))
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -95,3 +95,13 @@ def test_saves_are_written_once_by_the_chief(results: list[dict], scratch: Path)
         assert r["loaded_diff"] == 0.0
         assert r["checkpoint_diff"] == 0.0
     assert not [p.name for p in (scratch / "tmp").iterdir() if p.name.startswith("strategyjob")]
+
+
+@pytest.mark.timeout(150)
+def test_moving_statistics_stay_the_same_on_every_worker(results: list[dict]) -> None:
+    """BatchNormalization's moving mean and variance, updated from each worker's own rows,
+    take the workers' mean after each step (TF's MEAN-aggregated mirrored variables)."""
+    chief, other = results
+    assert chief["bn_weights"] == other["bn_weights"]
+    moving_mean = chief["bn_weights"][2]
+    assert any(value != 0.0 for value in moving_mean)  # they were updated

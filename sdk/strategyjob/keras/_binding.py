@@ -15,7 +15,8 @@ Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBin
   ``rows * workers / global_rows`` (through the optimizer's ``scale_loss``, on the instance,
   for the step), so that the gradients ``grad_sync`` averages over the workers are those of
   Keras's loss on the whole global batch, uneven last batch and sample weights included; a
-  worker with no row takes part with zero gradients and the same optimizer update;
+  worker with no row takes part with zero gradients and the same optimizer update; float
+  non-trainable weights (BatchNormalization's moving statistics) then take the workers' mean;
 * ``test_step`` / ``predict_step``: the worker's rows; ``predict_step`` gathers the outputs
   of every worker in worker order, which is row order;
 * ``get_metrics_result``: reads the metrics with their variables summed over the workers
@@ -249,7 +250,29 @@ class MultiWorkerBinding:
 
     def train_step(self, data: Any) -> dict[str, Any]:
         self._run_locally(self._train_my_rows, data)
+        self._average_moving_statistics()
         return self.get_metrics_result()
+
+    def _average_moving_statistics(self) -> None:
+        """Non-trainable float weights a step updates (BatchNormalization's moving mean and
+        variance) take the mean of the workers' new values, as TF's MEAN-aggregated mirrored
+        variables do, so that every worker keeps the same model. One all-reduce per step,
+        only for models that have such weights."""
+        weights = [
+            v
+            for v in self._model.non_trainable_weights
+            if v.value.dtype.is_floating_point and v.value.numel()
+        ]
+        if self._workers == 1 or not weights:
+            return
+        flat = torch.cat([_cpu_float64(v.value) for v in weights])
+        (total,) = self._collectives.all_reduce([flat], ReduceOp.SUM)
+        offset = 0
+        for v in weights:
+            size = v.value.numel()
+            mean = total[offset : offset + size].reshape(v.value.shape) / self._workers
+            v.assign(mean.to(v.value.device, v.value.dtype))
+            offset += size
 
     def _train_my_rows(self, data: Any) -> None:
         model = self._model
