@@ -101,6 +101,52 @@ def rows_computed(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     return {"seen": model.seen}
 
 
+def classification(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """class_weight, validation_split and accuracy, against plain Keras on the global batch."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(14, FEATURES)).astype("float32")
+    y = rng.integers(0, 3, size=14)
+    layers = [keras.Input((FEATURES,)), keras.layers.Dense(3)]
+    with strategy.scope():
+        model = keras.Sequential(layers)
+    reference = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(3)])
+    reference.set_weights(model.get_weights())
+    kwargs = dict(
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_split=0.25,
+        class_weight={0: 1.0, 1: 3.0, 2: 0.5},
+    )
+    histories = []
+    for m in (model, reference):
+        m.compile(
+            optimizer=keras.optimizers.SGD(0.3, momentum=0.5),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        histories.append(m.fit(x, y, **kwargs).history)
+    return {
+        "cls_history": histories[0],
+        "cls_ref_history": histories[1],
+        "cls_weights_diff": _max_diff(model.get_weights(), reference.get_weights()),
+    }
+
+
+def data_loader_rows(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """A shuffling torch DataLoader of the global batch: each worker trains on its rows."""
+    x = torch.arange(ROWS, dtype=torch.float32)[:, None].repeat(1, FEATURES)
+    dataset = torch.utils.data.TensorDataset(x, torch.zeros(ROWS, 2))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True)
+    with strategy.scope():
+        model = RowRecorder(_layers())
+    model.seen = []
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(loader, epochs=2, verbose=0)
+    return {"loader_seen": model.seen}
+
+
 def saving(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     """model.save, save_weights and ModelCheckpoint into a directory both workers share."""
     shared = Path(os.environ["KERAS_SAVE_DIR"])
@@ -144,6 +190,8 @@ def main() -> None:
     result.update(rows_computed(strategy))
     result.update(saving(strategy))
     result.update(batch_norm(strategy))
+    result.update(classification(strategy))
+    result.update(data_loader_rows(strategy))
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -75,10 +75,21 @@ def test_evaluate_and_predict_match_one_process(results: list[dict]) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_shuffled_fit_splits_every_global_batch(results: list[dict]) -> None:
+def test_class_weight_and_validation_split_match_one_process(results: list[dict]) -> None:
+    for r in results:
+        assert r["cls_weights_diff"] < 1e-5
+        assert r["cls_history"].keys() == r["cls_ref_history"].keys()
+        for name, values in r["cls_history"].items():
+            assert values == pytest.approx(r["cls_ref_history"][name], **TIGHT), name
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("key", ["seen", "loader_seen"], ids=["arrays", "dataloader"])
+def test_shuffled_fit_splits_every_global_batch(results: list[dict], key: str) -> None:
     """Each epoch (batches of 4, 4, 1), worker 0 trains on 2 + 2 + 1 rows and worker 1 on
-    2 + 2 + 0: together every row once, though each worker holds all the data and shuffles."""
-    seen = [r["seen"] for r in results]
+    2 + 2 + 0: together every row once, though each worker holds all the data and shuffles
+    (arrays, or a torch DataLoader of the global batch)."""
+    seen = [r[key] for r in results]
     assert [len(s) for s in seen] == [10, 8]
     for epoch in range(2):
         rows = seen[0][epoch * 5 : epoch * 5 + 5] + seen[1][epoch * 4 : epoch * 4 + 4]
