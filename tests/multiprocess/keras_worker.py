@@ -185,7 +185,7 @@ def batch_norm(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
 
 def main() -> None:
     strategy = sj.MultiWorkerMirroredStrategy()
-    result = {"worker": strategy.cluster_resolver.task_id}
+    result = {"worker": strategy.cluster_resolver.task_id, "keras": keras.__version__}
     result.update(fit_evaluate_predict(strategy))
     result.update(rows_computed(strategy))
     result.update(saving(strategy))

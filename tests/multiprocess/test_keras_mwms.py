@@ -22,6 +22,7 @@ pytestmark = [
 ]
 
 WORKER = Path(__file__).resolve().parent / "keras_worker.py"
+BACKUP_WORKER = Path(__file__).resolve().parent / "keras_backup_worker.py"
 ROWS = 9  # keras_worker.ROWS: global batches of 4, 4 and 1 rows
 TIGHT = dict(rel=1e-5, abs=1e-6)
 
@@ -116,3 +117,38 @@ def test_moving_statistics_stay_the_same_on_every_worker(results: list[dict]) ->
     assert chief["bn_weights"] == other["bn_weights"]
     moving_mean = chief["bn_weights"][2]
     assert any(value != 0.0 for value in moving_mean)  # they were updated
+
+
+@pytest.mark.timeout(200)
+def test_backup_and_restore_resumes_an_interrupted_job(tmp_path: Path) -> None:
+    """BackupAndRestore on storage both workers share: a job that fails as epoch 3 begins
+    leaves the chief's backup of epoch 2; run again, every worker resumes at epoch 3 with the
+    same model, and the backup directory is removed at the end (once: no worker's cleanup
+    fails on the other's), as are the other worker's temporary backups."""
+    shared, scratch = tmp_path / "backup", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"KERAS_BACKEND": "torch", "KERAS_SAVE_DIR": str(shared), "TMPDIR": str(scratch)}
+    phases = []
+    for interrupt in ("1", ""):
+        runs = run_tasks(
+            [sys.executable, str(BACKUP_WORKER)],
+            cluster_of(2),
+            timeout=90,
+            extra_env={**env, "INTERRUPT": interrupt},
+        )
+        for run in runs:
+            assert run.returncode == 0, f"{run.task} exited {run.returncode}:\n{run.output[-4000:]}"
+        phases.append([run.result for run in runs])
+        if interrupt:
+            assert sorted(p.name for p in shared.iterdir()) == [
+                "latest.weights.h5",
+                "training_metadata.json",
+            ]
+    interrupted, resumed = phases
+    for r in interrupted:
+        assert (r["interrupted"], r["epochs"]) == (True, [0, 1])
+    for r in resumed:
+        assert (r["interrupted"], r["epochs"]) == (False, [2, 3])
+    assert resumed[0]["weights"] == resumed[1]["weights"]
+    assert not shared.exists()
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("strategyjob")]

@@ -23,12 +23,15 @@ Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBin
   (TF's sync-on-read metric variables), so logs, history, the progress bar and ``evaluate``
   give the global figures, the same on every worker;
 * ``save`` / ``save_weights``: the chief writes, the others write to a temporary directory
-  that is removed (TF's Keras), then every worker waits for the chief's file.
+  that is removed (TF's Keras), then every worker waits for the chief's file; in ``fit`` on
+  those workers, ``BackupAndRestore`` restores from the shared directory and backs up into a
+  temporary one (``_callbacks``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -39,6 +42,7 @@ import torch
 
 import strategyjob
 from strategyjob._reduce import ReduceOp
+from strategyjob.keras import _callbacks
 from strategyjob.keras._backend import check_keras_version
 from strategyjob.keras._split import local_rows
 from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
@@ -178,10 +182,21 @@ class MultiWorkerBinding:
                 if name != "fit":
                     return method(self._model, *args, **kwargs)
                 with self._same_random_order():
-                    return method(self._model, *args, **kwargs)
+                    return self._fit(method, args, kwargs)
 
         in_scope.__doc__ = method.__doc__
         return in_scope
+
+    def _fit(self, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """The class's ``fit``; on a worker other than the chief, with the callbacks that write
+        files in their worker form (``_callbacks``), writing to a directory removed after."""
+        bound = inspect.signature(method).bind(self._model, *args, **kwargs)
+        callbacks = bound.arguments.get("callbacks")
+        if self._strategy.extended.should_checkpoint or not isinstance(callbacks, (list, tuple)):
+            return method(*bound.args, **bound.kwargs)
+        with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
+            bound.arguments["callbacks"] = _callbacks.for_worker(callbacks, scratch)
+            return method(*bound.args, **bound.kwargs)
 
     def _chief_writes(self, name: str) -> Callable[..., Any]:
         """``save`` / ``save_weights`` (and so ``ModelCheckpoint`` and ``BackupAndRestore``'s
