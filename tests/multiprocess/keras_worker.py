@@ -147,6 +147,44 @@ def data_loader_rows(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     return {"loader_seen": model.seen}
 
 
+def two_inputs_two_outputs(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """A functional model with a dict of inputs and two outputs: fit and predict against
+    plain Keras (every output's rows, in order)."""
+    rng = np.random.default_rng(13)
+    x = {
+        "a": rng.normal(size=(ROWS, 2)).astype("float32"),
+        "b": rng.normal(size=(ROWS, 1)).astype("float32"),
+    }
+    y = (rng.normal(size=(ROWS, 1)).astype("float32"), rng.normal(size=(ROWS, 2)).astype("float32"))
+
+    def build() -> keras.Model:
+        a, b = keras.Input((2,), name="a"), keras.Input((1,), name="b")
+        hidden = keras.layers.Dense(4, activation="tanh")(keras.layers.Concatenate()([a, b]))
+        outputs = [
+            keras.layers.Dense(1, name="first")(hidden),
+            keras.layers.Dense(2, name="second")(hidden),
+        ]
+        return keras.Model({"a": a, "b": b}, outputs)
+
+    with strategy.scope():
+        model = build()
+    reference = build()
+    reference.set_weights(model.get_weights())
+    results = []
+    for m in (model, reference):
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss=["mse", "mae"], loss_weights=[1.0, 0.5])
+        history = m.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+        first, second = m.predict(x, batch_size=BATCH, verbose=0)
+        results.append((history, first.tolist(), second.tolist(), m.get_weights()))
+    return {
+        "multi_history": results[0][0],
+        "multi_ref_history": results[1][0],
+        "multi_predict": results[0][1:3],
+        "multi_ref_predict": results[1][1:3],
+        "multi_weights_diff": _max_diff(results[0][3], results[1][3]),
+    }
+
+
 def saving(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     """model.save, save_weights and ModelCheckpoint into a directory both workers share."""
     shared = Path(os.environ["KERAS_SAVE_DIR"])
@@ -192,6 +230,7 @@ def main() -> None:
     result.update(batch_norm(strategy))
     result.update(classification(strategy))
     result.update(data_loader_rows(strategy))
+    result.update(two_inputs_two_outputs(strategy))
     print("RESULT " + json.dumps(result), flush=True)
 
 

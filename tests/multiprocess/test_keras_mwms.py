@@ -85,6 +85,18 @@ def test_class_weight_and_validation_split_match_one_process(results: list[dict]
 
 
 @pytest.mark.timeout(150)
+def test_dict_inputs_and_two_outputs_match_one_process(results: list[dict]) -> None:
+    for r in results:
+        assert r["multi_weights_diff"] < 1e-5
+        for name, values in r["multi_history"].items():
+            assert values == pytest.approx(r["multi_ref_history"][name], **TIGHT), name
+        for output, ref_output in zip(r["multi_predict"], r["multi_ref_predict"]):
+            assert len(output) == ROWS
+            for row, ref_row in zip(output, ref_output):
+                assert row == pytest.approx(ref_row, **TIGHT)
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("key", ["seen", "loader_seen"], ids=["arrays", "dataloader"])
 def test_shuffled_fit_splits_every_global_batch(results: list[dict], key: str) -> None:
     """Each epoch (batches of 4, 4, 1), worker 0 trains on 2 + 2 + 1 rows and worker 1 on
