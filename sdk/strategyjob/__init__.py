@@ -10,9 +10,16 @@ pulling in torch.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
+
+# Keras reads its backend once, when first imported; StrategyJob distributes Keras models on
+# the torch backend only (strategyjob.keras refuses a strategy scope under another one).
+if "keras" not in sys.modules:
+    os.environ.setdefault("KERAS_BACKEND", "torch")
 
 # public name -> module that defines it (relative to this package)
 _PUBLIC: dict[str, str] = {
@@ -62,6 +69,7 @@ _SUBMODULES = {
     "experimental",
     "input",
     "jobspec",
+    "keras",
     "launcher",
     "nn",
     "runner",
@@ -82,6 +90,8 @@ def __getattr__(name: str) -> Any:
     if name in _PUBLIC or name in _SUBMODULES:
         if name not in _TORCH_FREE:
             importlib.import_module(".strategies.base", __name__)
+            # Keras models built in a strategy's scope are bound to it (imports no Keras).
+            importlib.import_module(".keras", __name__)
     if name in _PUBLIC:
         value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
         globals()[name] = value  # cache: later lookups skip __getattr__

@@ -77,6 +77,7 @@ from strategyjob.collective import _torch_internals
 __all__ = [
     "NOT_CREATED_IN_SCOPE",
     "GradientSynchronizer",
+    "observe_modules_in_scope",
     "scope_entered",
     "scope_exited",
     "synchronizer_for",
@@ -518,6 +519,19 @@ def _on_parameter_registered(
     return None if extended is None else _register(extended, param, module)
 
 
+#: Called as ``observer(strategy, module)`` when ``module`` gets a submodule in a strategy's scope.
+_module_observers: list[Callable[[Any, torch.nn.Module], None]] = []
+
+
+def observe_modules_in_scope(observer: Callable[[Any, torch.nn.Module], None]) -> None:
+    """Have ``observer(strategy, module)`` called whenever ``module`` gets a submodule while
+    ``strategy``'s scope is entered on this thread: how a layer above learns which objects
+    were built in scope (``strategyjob.keras`` binds the Keras models built there). Runs in
+    torch's module-registration hook, so it must be quick; registering twice is a no-op."""
+    if observer not in _module_observers:
+        _module_observers.append(observer)
+
+
 def _on_module_registered(
     module: torch.nn.Module, name: str, submodule: torch.nn.Module | None
 ) -> None:
@@ -527,6 +541,8 @@ def _on_module_registered(
         return None
     strategy = _scope_strategy()
     if strategy is not None:
+        for observer in _module_observers:
+            observer(strategy, module)
         extended = strategy.extended if _adopts(strategy.extended) else None
     elif _owner:
         extended = _owning_extended(next(module.parameters(), None))

@@ -40,7 +40,7 @@ from strategyjob.collective import grad_sync
 from strategyjob.collective.backend import IN_PROCESS, CollectiveBackend
 from strategyjob.input.options import AutoShardPolicy
 
-__all__ = ["InputWorker", "RunOptions", "Strategy", "StrategyExtended"]
+__all__ = ["InputWorker", "RunOptions", "Strategy", "StrategyExtended", "add_scope_entry_check"]
 
 GATHER_REQUIRES_CROSS_REPLICA = (
     "tf.distribute.Strategy.gather method requires cross-replica context, use "
@@ -173,6 +173,19 @@ def _all_zero(value: Any) -> bool:
 # StrategyExtended
 
 
+#: Checks run when a strategy's scope is entered; one may refuse it with an error.
+_scope_entry_checks: list[Callable[[Strategy], None]] = []
+
+
+def add_scope_entry_check(check: Callable[[Strategy], None]) -> None:
+    """Run ``check(strategy)`` whenever a real strategy's scope is entered (not on re-entry),
+    before anything is built in it: a layer above refuses a setup it cannot distribute
+    (``strategyjob.keras``: Keras loaded with a backend other than torch). It runs at every
+    ``run`` too, so it must be quick; adding one twice is a no-op."""
+    if check not in _scope_entry_checks:
+        _scope_entry_checks.append(check)
+
+
 class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware (TF's ``extended``).
 
@@ -237,6 +250,8 @@ class StrategyExtended:
 
     def _enter_scope(self) -> None:
         """Runs when this strategy's scope is entered (not on re-entry)."""
+        for check in _scope_entry_checks:
+            check(self._container_strategy())
         # The torch hooks that register modules and optimizers built in scope exist only while
         # some strategy's scope is entered; they look the strategy up through `_context`.
         grad_sync.scope_entered()
@@ -364,9 +379,12 @@ class StrategyExtended:
 
     # --- local results and values ---------------------------------------------------------
     def _local_results(self, value: Any) -> tuple:
+        """One entry per local replica. A nest (list, tuple, dict), with or without distributed
+        values, gives one copy per replica, as TF 2.21 does (``{"a": 1.0}`` under 2 replicas:
+        two dicts); a single plain value gives ``(value,)``."""
         if isinstance(value, DistributedValues):
             return value.values
-        if _is_distributed_nest(value):
+        if _nest.is_nested(value):
             count = len(self._logical_devices)
             return tuple(
                 _nest.map_structure(

@@ -1,0 +1,37 @@
+"""Keras 3 ``compile`` / ``fit`` / ``evaluate`` / ``predict`` distributed by the strategy.
+
+As in TensorFlow, a Keras model built in ``strategy.scope()`` is bound to that strategy, and
+its ``compile``, ``fit``, ``evaluate`` and ``predict`` (called inside or outside the scope) use
+it. Keras must run on its torch backend (``KERAS_BACKEND=torch``; set by default when
+``import strategyjob`` comes before Keras's import). Supported Keras versions:
+``_backend.MIN_KERAS`` to ``_backend.MAX_KERAS`` (exclusive), the ``keras`` extra.
+
+What each strategy does with a bound model:
+
+* the default strategy and ``OneDeviceStrategy``: plain Keras;
+* ``MultiWorkerMirroredStrategy`` with one replica per worker: ``batch_size`` is the global
+  batch, each worker computes its own slice, gradients are averaged over the global batch
+  before the Keras optimizer applies them, metrics are summed over the workers when read, and
+  ``predict`` returns every row on every worker (see ``_binding``);
+* any other strategy: ``compile`` / ``fit`` / ``evaluate`` / ``predict`` raise one error naming
+  what is not supported and the alternative.
+
+This package imports no Keras until a Keras model is built in a strategy's scope; the package
+``strategyjob`` imports it when its strategies load, which registers the hooks below.
+"""
+
+from __future__ import annotations
+
+from strategyjob.collective import grad_sync
+from strategyjob.keras._backend import (
+    MAX_KERAS,
+    MIN_KERAS,
+    check_keras_backend,
+)
+from strategyjob.keras._capture import on_module_in_scope, strategy_of
+from strategyjob.strategies.base import add_scope_entry_check
+
+__all__ = ["MAX_KERAS", "MIN_KERAS", "strategy_of"]
+
+add_scope_entry_check(check_keras_backend)
+grad_sync.observe_modules_in_scope(on_module_in_scope)

@@ -1,0 +1,371 @@
+"""How a Keras model bound to a strategy trains: instance attributes over its Trainer methods.
+
+Nothing global changes: :func:`bind` sets attributes on the one model instance (Keras looks
+its methods up on the instance: ``fit`` calls ``self.train_step`` through its train function,
+``compute_metrics`` calls ``self.get_metrics_result``), and each calls the model's own class
+method for the real work.
+
+Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBinding`` sets:
+
+* ``fit`` / ``evaluate`` / ``predict`` / ``compile``: run in the strategy's scope (as TF's
+  Keras does); ``fit`` also seeds torch's generator with the chief's seed for its duration, so
+  that every worker shuffles (arrays, DataLoaders) into the same global batches;
+* ``train_step``: in ``strategy.run``, the worker's rows of the global batch (``_split``) go
+  through the class's ``train_step`` with the loss that reaches ``backward`` scaled by
+  ``rows * workers / global_rows`` (through the optimizer's ``scale_loss``, on the instance,
+  for the step), so that the gradients ``grad_sync`` averages over the workers are those of
+  Keras's loss on the whole global batch, uneven last batch and sample weights included; a
+  worker with no row takes part with zero gradients and the same optimizer update; float
+  non-trainable weights (BatchNormalization's moving statistics) then take the workers' mean;
+* ``test_step`` / ``predict_step``: the worker's rows; ``predict_step`` gathers the outputs
+  of every worker in worker order, which is row order;
+* ``get_metrics_result``: reads the metrics with their variables summed over the workers
+  (TF's sync-on-read metric variables), so logs, history, the progress bar and ``evaluate``
+  give the global figures, the same on every worker;
+* ``save`` / ``save_weights``: the chief writes, the others write to a temporary directory
+  that is removed (TF's Keras), then every worker waits for the chief's file; in ``fit`` on
+  those workers, ``BackupAndRestore`` restores from the shared directory and backs up into a
+  temporary one (``_callbacks``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import keras
+import torch
+
+import strategyjob
+from strategyjob._reduce import ReduceOp
+from strategyjob.keras import _callbacks
+from strategyjob.keras._backend import check_keras_version
+from strategyjob.keras._split import local_rows
+from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+from strategyjob.strategies.one_device import OneDeviceStrategy
+
+__all__ = ["MultiWorkerBinding", "bind", "unsupported_reason"]
+
+_ENTRY_POINTS = ("compile", "fit", "evaluate", "predict")
+
+
+def unsupported_reason(strategy: Any) -> str | None:
+    """Why Keras ``fit`` cannot run under ``strategy`` yet (None: it can)."""
+    name = type(strategy).__name__
+    if isinstance(strategy, MultiWorkerMirroredStrategy):
+        local = len(strategy.extended.worker_devices)
+        if local == 1:
+            return None
+        return (
+            f"{name} with {local} replicas per worker (one per local GPU) is not supported by "
+            "Keras fit/evaluate/predict yet; run one worker per GPU (CUDA_VISIBLE_DEVICES), "
+            "or use a custom training loop with strategy.run."
+        )
+    return (
+        f"Keras compile/fit/evaluate/predict under {name} is not supported yet (it would not "
+        "split the global batch over the replicas); use MultiWorkerMirroredStrategy (one "
+        "process per worker, e.g. `strategyjob run`), or a custom training loop with "
+        f"strategy.run under {name}."
+    )
+
+
+def bind(model: keras.Model, strategy: Any) -> None:
+    """Make ``model``'s training methods use ``strategy`` (called once, when it is captured)."""
+    if isinstance(strategy, OneDeviceStrategy):
+        return  # one replica: plain Keras computes exactly what the strategy would
+    reason = unsupported_reason(strategy)
+    if reason is not None:
+        for name in _ENTRY_POINTS:
+            setattr(model, name, _refusal(reason))
+        return
+    MultiWorkerBinding(model, strategy).install()
+
+
+def _refusal(reason: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(reason)
+
+    return refuse
+
+
+# --------------------------------------------------------------------- batch structure
+def _leaves(data: Any) -> list[Any]:
+    if isinstance(data, (tuple, list)):
+        return [leaf for item in data for leaf in _leaves(item)]
+    if isinstance(data, dict):
+        return [leaf for item in data.values() for leaf in _leaves(item)]
+    return [] if data is None else [data]
+
+
+def _rows(data: Any) -> int:
+    """Rows of a batch: the first dimension of its first array."""
+    for leaf in _leaves(data):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+    raise ValueError("strategyjob.keras: a batch holds no array to split over the workers.")
+
+
+def _slice(data: Any, start: int, stop: int, rows: int) -> Any:
+    """The rows ``[start, stop)`` of every array of the batch (others as they are)."""
+    if isinstance(data, tuple):
+        return tuple(_slice(item, start, stop, rows) for item in data)
+    if isinstance(data, list):
+        return [_slice(item, start, stop, rows) for item in data]
+    if isinstance(data, dict):
+        return {key: _slice(item, start, stop, rows) for key, item in data.items()}
+    shape = getattr(data, "shape", None)
+    if shape is not None and len(shape) > 0 and int(shape[0]) == rows:
+        return data[start:stop]
+    return data
+
+
+def _cpu_float64(value: Any) -> torch.Tensor:
+    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    return tensor.detach().reshape(-1).to("cpu", torch.float64)
+
+
+@contextlib.contextmanager
+def _scaled_loss(optimizer: Any, factor: float) -> Iterator[None]:
+    """For one step, the loss the optimizer hands to ``backward`` is multiplied by ``factor``
+    (an attribute of this optimizer instance, removed afterwards)."""
+    own = "scale_loss" in vars(optimizer)
+    original = optimizer.scale_loss
+    optimizer.scale_loss = lambda loss: original(loss) * factor
+    try:
+        yield
+    finally:
+        if own:
+            optimizer.scale_loss = original
+        else:
+            del optimizer.scale_loss
+
+
+class MultiWorkerBinding:
+    """A Keras model trained by MultiWorkerMirroredStrategy, one replica per worker."""
+
+    def __init__(self, model: keras.Model, strategy: MultiWorkerMirroredStrategy) -> None:
+        self._model = model
+        self._strategy = strategy
+        self._collectives = strategy.extended.collectives
+        self._workers = strategy.num_replicas_in_sync
+        self._worker: int | None = None  # this worker's replica id, read in the first step
+        self._local_metrics = False  # inside a step: metric reads stay local (no collective)
+
+    def install(self) -> None:
+        model = self._model
+        for name in ("compile", "fit", "evaluate", "predict"):
+            setattr(model, name, self._in_scope(name))
+        model.train_step = self.train_step
+        model.test_step = self.test_step
+        model.predict_step = self.predict_step
+        model.get_metrics_result = self.get_metrics_result
+        model.save = self._chief_writes("save")
+        model.save_weights = self._chief_writes("save_weights")
+
+    # --- entry points -----------------------------------------------------------------------
+    def _in_scope(self, name: str) -> Callable[..., Any]:
+        method = getattr(type(self._model), name)
+
+        def in_scope(*args: Any, **kwargs: Any) -> Any:
+            check_keras_version(keras.__version__)
+            if name == "compile" and kwargs.get("jit_compile") is True:
+                raise NotImplementedError(
+                    "jit_compile=True (torch.compile) is not supported by Keras fit under "
+                    "MultiWorkerMirroredStrategy yet; compile with jit_compile=False."
+                )
+            with self._strategy.scope():
+                if name != "fit":
+                    return method(self._model, *args, **kwargs)
+                with self._same_random_order():
+                    return self._fit(method, args, kwargs)
+
+        in_scope.__doc__ = method.__doc__
+        return in_scope
+
+    def _fit(self, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """The class's ``fit``; on a worker other than the chief, with the callbacks that write
+        files in their worker form (``_callbacks``), writing to a directory removed after."""
+        bound = inspect.signature(method).bind(self._model, *args, **kwargs)
+        callbacks = bound.arguments.get("callbacks")
+        if self._strategy.extended.should_checkpoint or not isinstance(callbacks, (list, tuple)):
+            return method(*bound.args, **bound.kwargs)
+        with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
+            bound.arguments["callbacks"] = _callbacks.for_worker(callbacks, scratch)
+            return method(*bound.args, **bound.kwargs)
+
+    def _chief_writes(self, name: str) -> Callable[..., Any]:
+        """``save`` / ``save_weights`` (and so ``ModelCheckpoint`` and ``BackupAndRestore``'s
+        saves): the chief writes the path; the other workers write to a temporary directory
+        that is removed, as TF's Keras does, so that files on storage every worker shares are
+        written once. Every worker returns once the chief's file is complete; an error on one
+        worker raises on every worker."""
+        method = getattr(type(self._model), name)
+
+        def write(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            failed = torch.ones(1)
+            try:
+                if self._strategy.extended.should_checkpoint:
+                    result = method(self._model, filepath, *args, **kwargs)
+                else:
+                    with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
+                        path = os.path.join(scratch, os.path.basename(os.fspath(filepath)))
+                        result = method(self._model, path, *args, **kwargs)
+                failed.zero_()
+            finally:
+                (failures,) = self._collectives.all_reduce([failed], ReduceOp.SUM)
+            if failures.item() > 0:
+                raise RuntimeError(
+                    f"model.{name}({os.fspath(filepath)!r}) failed on another worker (its log "
+                    "says why); nothing was saved there."
+                )
+            return result
+
+        write.__doc__ = method.__doc__
+        return write
+
+    @contextlib.contextmanager
+    def _same_random_order(self) -> Iterator[None]:
+        """Seed torch's generator with the chief's seed for the duration of ``fit``: every
+        worker then shuffles its copy of the data into the same global batches. The caller's
+        generator state is restored afterwards."""
+        if self._workers == 1:
+            yield
+            return
+        mine = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64)
+        seed = int(self._collectives.broadcast_from_chief(mine)[0])
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            yield
+
+    # --- steps ------------------------------------------------------------------------------
+    def _my_rows(self, data: Any) -> tuple[int, int, int]:
+        """``(start, stop, global_rows)`` of this worker's slice of the global batch."""
+        if self._worker is None:
+            context = strategyjob.get_replica_context()
+            self._worker = int(context.replica_id_in_sync_group)
+        rows = _rows(data)
+        start, stop = local_rows(rows, self._workers, self._worker)
+        return start, stop, rows
+
+    def _run_locally(self, fn: Callable[[Any], Any], data: Any) -> Any:
+        """``fn(data)`` in ``strategy.run`` (the replica context, with the chief's values for
+        any weights built since the last step), with metric reads kept local."""
+        results: list[Any] = []
+        self._local_metrics = True
+        try:
+            self._strategy.run(lambda d: results.append(fn(d)), args=(data,))
+        finally:
+            self._local_metrics = False
+        return results[0]
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        self._run_locally(self._train_my_rows, data)
+        self._average_moving_statistics()
+        return self.get_metrics_result()
+
+    def _average_moving_statistics(self) -> None:
+        """Non-trainable float weights a step updates (BatchNormalization's moving mean and
+        variance) take the mean of the workers' new values, as TF's MEAN-aggregated mirrored
+        variables do, so that every worker keeps the same model. One all-reduce per step,
+        only for models that have such weights."""
+        weights = [
+            v
+            for v in self._model.non_trainable_weights
+            if v.value.dtype.is_floating_point and v.value.numel()
+        ]
+        if self._workers == 1 or not weights:
+            return
+        flat = torch.cat([_cpu_float64(v.value) for v in weights])
+        (total,) = self._collectives.all_reduce([flat], ReduceOp.SUM)
+        offset = 0
+        for v in weights:
+            size = v.value.numel()
+            mean = total[offset : offset + size].reshape(v.value.shape) / self._workers
+            v.assign(mean.to(v.value.device, v.value.dtype))
+            offset += size
+
+    def _train_my_rows(self, data: Any) -> None:
+        model = self._model
+        start, stop, rows = self._my_rows(data)
+        if start == stop:
+            self._zero_update()
+            return
+        factor = (stop - start) * self._workers / rows
+        with _scaled_loss(model.optimizer, factor):
+            type(model).train_step(model, _slice(data, start, stop, rows))
+
+    def _zero_update(self) -> None:
+        """A worker with no row in this batch: zero gradients into the all-reduce (every
+        worker must take part), then the same optimizer update as the others."""
+        model = self._model
+        weights = model.trainable_weights
+        if not weights:
+            return
+        model.zero_grad()
+        zero = sum(v.value.sum() for v in weights) * 0.0
+        zero.backward()
+        with torch.no_grad():
+            model.optimizer.apply([v.value.grad for v in weights], weights)
+
+    def test_step(self, data: Any) -> dict[str, Any]:
+        self._run_locally(self._test_my_rows, data)
+        return self.get_metrics_result()
+
+    def _test_my_rows(self, data: Any) -> None:
+        model = self._model
+        start, stop, rows = self._my_rows(data)
+        if start < stop:
+            type(model).test_step(model, _slice(data, start, stop, rows))
+
+    def predict_step(self, data: Any) -> Any:
+        mine = self._run_locally(self._predict_my_rows, data)
+        return keras.tree.map_structure(self._gather_rows, mine)
+
+    def _predict_my_rows(self, data: Any) -> Any:
+        model = self._model
+        start, stop, rows = self._my_rows(data)
+        if start < stop:
+            return type(model).predict_step(model, _slice(data, start, stop, rows))
+        # No row here: predict one to learn the outputs' shapes, keep none of it.
+        outputs = type(model).predict_step(model, _slice(data, 0, 1, rows))
+        return keras.tree.map_structure(lambda out: out[:0], outputs)
+
+    def _gather_rows(self, output: Any) -> Any:
+        if not isinstance(output, torch.Tensor):
+            return output
+        return self._collectives.all_gather(output.contiguous(), 0)
+
+    # --- metrics ----------------------------------------------------------------------------
+    def get_metrics_result(self) -> dict[str, Any]:
+        """The metrics' results over every worker: their variables summed across the workers
+        (one all-reduce), read, then given back their local values."""
+        model = self._model
+        read = type(model).get_metrics_result
+        if self._local_metrics or self._workers == 1:
+            return read(model)
+        variables = [v for metric in model.metrics for v in metric.variables]
+        if not variables:
+            return read(model)
+        local = [v.value.detach().clone() for v in variables]
+        flat = torch.cat([_cpu_float64(t) for t in local])
+        (total,) = self._collectives.all_reduce([flat], ReduceOp.SUM)
+        offset = 0
+        try:
+            for v, value in zip(variables, local):
+                part = total[offset : offset + value.numel()].reshape(value.shape)
+                v.assign(part.to(value.device, value.dtype))
+                offset += value.numel()
+            return keras.tree.map_structure(_detached_copy, read(model))
+        finally:
+            for v, value in zip(variables, local):
+                v.assign(value)
+
+
+def _detached_copy(value: Any) -> Any:
+    """A result that cannot alias a metric variable (restored to its local value next)."""
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value

@@ -1,0 +1,168 @@
+"""Keras models built in a strategy's scope, in one process with real Keras (torch backend):
+which strategies bind them, the errors for those not supported yet, and the split arithmetic.
+The 2-worker training itself: tests/multiprocess/test_keras_mwms.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import strategyjob as sj  # before keras: makes torch Keras's default backend
+from strategyjob.keras import _backend
+from strategyjob.keras._split import local_rows
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("keras") is None,
+    reason="needs the keras extra (pip install 'strategyjob[keras]')",
+)
+
+
+@pytest.fixture(scope="module")
+def keras():  # type: ignore[no-untyped-def]
+    import keras
+
+    assert keras.backend.backend() == "torch"
+    return keras
+
+
+def _model(keras):  # type: ignore[no-untyped-def]
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+
+
+def _data():  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(7, 3)).astype("float32"), rng.normal(size=(7, 2)).astype("float32")
+
+
+def _fit_both(keras, strategy):  # type: ignore[no-untyped-def]
+    """Fit a model built in ``strategy``'s scope and a plain copy; return both weights."""
+    with strategy.scope():
+        model = _model(keras)
+    plain = _model(keras)
+    plain.set_weights(model.get_weights())
+    x, y = _data()
+    for m in (model, plain):
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
+        m.fit(x, y, batch_size=3, epochs=2, shuffle=False, verbose=0)
+    return model, plain
+
+
+def test_local_rows_split_like_the_distributed_iterator() -> None:
+    assert [local_rows(9, 2, w) for w in range(2)] == [(0, 5), (5, 9)]
+    assert [local_rows(1, 2, w) for w in range(2)] == [(0, 1), (1, 1)]  # worker 1: no row
+    assert [local_rows(7, 3, w) for w in range(3)] == [(0, 3), (3, 5), (5, 7)]
+    assert [local_rows(0, 2, w) for w in range(2)] == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: sj.OneDeviceStrategy("cpu:0"), lambda: sj.MultiWorkerMirroredStrategy()]
+)
+def test_one_replica_strategies_train_as_plain_keras(keras, make) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    strategy = make()
+    model, plain = _fit_both(keras, strategy)
+    assert sj.keras.strategy_of(model) is strategy
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    x, y = _data()
+    assert model.evaluate(x, y, verbose=0) == pytest.approx(plain.evaluate(x, y, verbose=0))
+    np.testing.assert_allclose(model.predict(x, verbose=0), plain.predict(x, verbose=0), rtol=1e-6)
+
+
+def test_model_built_outside_every_scope_is_plain_keras(keras) -> None:  # type: ignore[no-untyped-def]
+    model = _model(keras)
+    assert sj.keras.strategy_of(model) is None
+    assert "train_step" not in vars(model)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda: sj.MirroredStrategy(["cpu:0", "cpu:1"]), "MirroredStrategy"),
+        (lambda: sj.CentralStorageStrategy(["cpu:0", "cpu:1"]), "CentralStorageStrategy"),
+    ],
+)
+def test_strategies_not_supported_yet_refuse_compile_and_fit(keras, make, name) -> None:  # type: ignore[no-untyped-def]
+    with make().scope():
+        model = _model(keras)
+    x, y = _data()
+    for call in (lambda: model.compile(loss="mse"), lambda: model.fit(x, y, verbose=0)):
+        with pytest.raises(NotImplementedError) as raised:
+            call()
+        message = str(raised.value)
+        assert f"under {name} is not supported yet" in message
+        assert "use MultiWorkerMirroredStrategy" in message
+
+
+def test_jit_compile_is_refused_under_multi_worker_mirrored(keras) -> None:  # type: ignore[no-untyped-def]
+    with sj.MultiWorkerMirroredStrategy().scope():
+        model = _model(keras)
+    with pytest.raises(NotImplementedError, match="jit_compile=True"):
+        model.compile(loss="mse", jit_compile=True)
+
+
+def test_keras_versions_outside_the_tested_range_are_refused() -> None:
+    _backend.check_keras_version("3.15.1")
+    _backend.check_keras_version("3.10.0")
+    for version in ("3.9.2", "3.16.0", "2.15.0"):
+        with pytest.raises(RuntimeError, match=rf"Keras {version} is not supported"):
+            _backend.check_keras_version(version)
+
+
+def test_a_strategy_scope_is_refused_under_another_keras_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keras loaded on another backend (jax or tensorflow are not installed here: its
+    configuration module stands in): a model built in scope would not be a torch module and
+    would silently train undistributed, so entering the scope says what to do."""
+    config = types.SimpleNamespace(backend=lambda: "jax")
+    monkeypatch.setitem(sys.modules, "keras.src.backend.config", config)
+    strategy = sj.OneDeviceStrategy("cpu:0")
+    with pytest.raises(RuntimeError) as raised:
+        with strategy.scope():
+            pass
+    assert str(raised.value).startswith("Keras is running on its 'jax' backend")
+    assert "Set KERAS_BACKEND=torch" in str(raised.value)
+    assert not sj.has_strategy()  # the refused scope left nothing entered
+    monkeypatch.undo()
+    with strategy.scope():
+        assert sj.get_strategy() is strategy
+
+
+@pytest.mark.timeout(60)
+def test_strategyjob_makes_torch_the_default_backend_and_imports_no_keras() -> None:
+    code = (
+        "import os, sys, strategyjob as sj\n"
+        "with sj.MultiWorkerMirroredStrategy().scope():\n"
+        "    pass\n"
+        "print(os.environ['KERAS_BACKEND'], 'keras' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["torch", "False"]
+
+
+def test_a_batch_is_sliced_in_every_array_it_holds(keras) -> None:  # type: ignore[no-untyped-def]
+    """Dicts, tuples and lists of inputs, targets and sample weights: every array whose first
+    dimension is the batch's rows is cut; None and other values pass as they are."""
+    import torch
+    from strategyjob.keras import _binding
+
+    batch = ({"a": torch.arange(6).reshape(3, 2), "b": torch.arange(3)}, [torch.ones(3)], None)
+    assert _binding._rows(batch) == 3
+    (x, y, weights) = _binding._slice(batch, 1, 3, 3)
+    assert x["a"].tolist() == [[2, 3], [4, 5]] and x["b"].tolist() == [1, 2]
+    assert y[0].tolist() == [1.0, 1.0] and weights is None
+    assert _binding._slice((torch.zeros(5), torch.zeros(2)), 0, 1, 5)[1].shape == (2,)
+    with pytest.raises(ValueError, match="holds no array"):
+        _binding._rows((None, 3))
