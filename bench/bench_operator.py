@@ -27,10 +27,18 @@ the measured ratio. Without it, the last line compares (1) with TFJob's client-r
 default 20 requests/s needs at least 1000 / 20 = 50 s for 1000 pods (100 s counting its
 Service per pod).
 
+With ``--served-tfjobs``, it measures instead what serving TFJobs costs this operator (started
+with ``STRATEGYJOB_SERVE_TFJOBS=true``): one TFJob of 1000 workers until its 1000 pods and 1000
+per-replica Services exist, against the same job as a StrategyJob (1000 pods, one Service), in
+alternating rounds (``--rounds``, default 2) on one control plane; the last line is the median
+ratio TFJob / StrategyJob, and TFJob through Kubeflow's training-operator as recorded on this
+control plane (bench/README.md) / TFJob through this operator.
+
     K8S_BIN_DIR=... PYTHONPATH=sdk:operator python bench/bench_operator.py [--quick]
         [--tfjob-operator PATH [--tfjob-crd PATH] [--tfjob-timeout S] [--tfjob-skip-many]]
     ... python bench/bench_operator.py --resync [--idle-jobs N] [--resync-seconds S]
         [--baseline-src DIR]
+    ... python bench/bench_operator.py --served-tfjobs [--rounds N]
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import base64
 import json
 import os
 import ssl
+import statistics
 import subprocess
 import sys
 import time
@@ -63,6 +72,9 @@ TF_SECRET = "training-operator-webhook-cert"  # its --webhook-secret-name defaul
 # Hard-coded in training-operator's pkg/cert: in a cluster the Secret above is mounted here.
 TF_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 TF_BUILD_HINT = "build it as bench/README.md ('TFJob side by side') shows"
+#: training-operator v1.9.4's 1000-worker TFJob on this control plane (bench/README.md, runs of
+#: 2026-11-22: 100.29 s and 100.99 s; client-rate bound, so load does not move it).
+TF_RECORDED_ONE_JOB_S = 100.3
 
 
 class Api:
@@ -413,6 +425,72 @@ def run_tfjob(api: Api, cp, binary: Path, crd: Path, timeout: float, many: bool)
     return results
 
 
+def start_operator(cp, log_name: str, **extra_env: str) -> subprocess.Popen:
+    """This tree's operator as its own process, watching every namespace."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cp.kubeconfig),
+        "PYTHONPATH": f"{ROOT / 'sdk'}{os.pathsep}{ROOT / 'operator'}",
+        "STRATEGYJOB_METRICS_PORT": "0",
+        **extra_env,
+    }
+    log = open(cp.dir / log_name, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strategyjob_operator", "-A", "--standalone"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    time.sleep(2)  # let kopf list and start watching before the clock starts
+    return proc
+
+
+def run_served_tfjobs(api: Api, cp, rounds: int) -> int:
+    """One 1000-worker TFJob and the same StrategyJob through this operator, alternating."""
+    cp.kubectl("apply", "-f", str(ROOT / "crds"))
+    wait_established(cp, "strategyjobs.strategyjob.dev")
+    wait_established(cp, "tfjobs.kubeflow.org")
+    op = start_operator(cp, "operator.log", STRATEGYJOB_SERVE_TFJOBS="true")
+    times: dict[str, list[float]] = {"strategyjob": [], "tfjob": []}
+    try:
+        for r in range(rounds):
+            order = ("strategyjob", "tfjob") if r % 2 == 0 else ("tfjob", "strategyjob")
+            for kind in order:
+                ns = f"{kind}-{r}"
+                create_namespace(api, ns)
+                t0 = time.perf_counter()
+                if kind == "tfjob":
+                    create_tfjobs(api, ns, [tfjob("big", 1000)])
+                    done = poll_children(api, ns, TF_SELECTOR, 1000, 1000, time.monotonic() + 600)
+                else:
+                    create_jobs(api, ns, [job("big", 1000)])
+                    done = poll_children(api, ns, SJOB_SELECTOR, 1000, 1, time.monotonic() + 600)
+                seconds = time.perf_counter() - t0
+                if not done:
+                    raise TimeoutError(f"{kind} round {r}: children not created in 600 s")
+                times[kind].append(seconds)
+                services = 1000 if kind == "tfjob" else 1
+                load = os.getloadavg()[0]
+                print(
+                    f"round {r} {kind} x 1000 workers: 1000 pods and {services} Service(s) "
+                    f"after {seconds:.2f} s (load {load:.1f})"
+                )
+                delete_namespaces(api, [ns], timeout=300)
+        print(f"operator peak RSS: {peak_rss_mib(op.pid):.0f} MiB")
+    finally:
+        stop_process(op)
+    ratios = [t / s for t, s in zip(times["tfjob"], times["strategyjob"])]
+    tf_median = statistics.median(times["tfjob"])
+    print(
+        f"1 job x 1000 workers: strategyjob={statistics.median(times['strategyjob']):.2f}s "
+        f"tfjob_served={tf_median:.2f}s ratio={statistics.median(ratios):.2f} "
+        f"(tfjob/strategyjob, aim <= 1.2); training-operator (recorded) "
+        f"{TF_RECORDED_ONE_JOB_S:.1f}s / served {tf_median:.2f}s = "
+        f"{TF_RECORDED_ONE_JOB_S / tf_median:.1f}x faster"
+    )
+    return 0
+
+
 def fmt_ratio(name: str, ours: float, theirs: tuple[float, bool] | None) -> str:
     if theirs is None:
         return f"{name}: strategyjob={ours:.2f}s tfjob=not-run"
@@ -647,6 +725,13 @@ def main() -> int:
     parser.add_argument(
         "--resync", action="store_true", help="measure only what the periodic resync costs"
     )
+    parser.add_argument(
+        "--served-tfjobs",
+        action="store_true",
+        help="measure only a 1000-worker TFJob served by this operator against the same "
+        "StrategyJob",
+    )
+    parser.add_argument("--rounds", type=int, default=2, metavar="N", help="(2)")
     parser.add_argument("--idle-jobs", type=int, default=1000, metavar="N", help="(1000)")
     parser.add_argument(
         "--resync-seconds", type=float, default=60.0, metavar="S", help="resync period (60)"
@@ -659,6 +744,16 @@ def main() -> int:
         "an earlier commit), then this tree's; the last line is baseline/this",
     )
     args = parser.parse_args()
+    if args.served_tfjobs:
+        bin_dir, why = cp_mod.find_binaries()
+        if bin_dir is None:
+            print(f"cannot run: {why}", file=sys.stderr)
+            return 2
+        cp = cp_mod.ControlPlane(bin_dir).start()
+        try:
+            return run_served_tfjobs(Api(cp), cp, args.rounds)
+        finally:
+            cp.stop()
     if args.resync:
         bin_dir, why = cp_mod.find_binaries()
         if bin_dir is None:
@@ -718,20 +813,7 @@ def main() -> int:
             )
         cp.kubectl("apply", "-f", str(ROOT / "crds"))
         wait_established(cp, "strategyjobs.strategyjob.dev")
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(cp.kubeconfig),
-            "PYTHONPATH": f"{ROOT / 'sdk'}{os.pathsep}{ROOT / 'operator'}",
-            "STRATEGYJOB_METRICS_PORT": "0",
-        }
-        log = open(cp.dir / "operator.log", "wb")
-        op = subprocess.Popen(
-            [sys.executable, "-m", "strategyjob_operator", "-A", "--standalone"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        time.sleep(2)  # let kopf list and start watching before the clock starts
+        op = start_operator(cp, "operator.log")
 
         create_namespace(api, "one")
         t0 = time.perf_counter()
