@@ -34,6 +34,8 @@ class ApiError(Exception):
             detail = body
         super().__init__(f"{method} {path} failed with HTTP {status}: {detail}")
         self.status = status
+        self.method = method
+        self.path = path
         #: The API server's message (its Status' ``message``), without the request.
         self.detail = str(detail)
 

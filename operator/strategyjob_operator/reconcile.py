@@ -21,7 +21,7 @@ from typing import Any
 
 from strategyjob import jobspec
 
-from strategyjob_operator import children, decide, gang, observe, progress
+from strategyjob_operator import children, decide, gang, observe, progress, undecodable
 from strategyjob_operator import constants as c
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
 from strategyjob_operator.metrics import REGISTRY, Registry
@@ -376,6 +376,7 @@ class Reconciler:
                 )
                 # The first by name: the same failure reads the same on every attempt.
                 pod_name, error = min(failed, key=lambda f: f[0])
+                error = undecodable.naming_fields(error, job_obj.get("spec") or {})
                 create_error = (c.REASON_CREATE_FAILED, f"pod {pod_name}", error)
                 undone, event = await gang.undo_partial_creation(
                     api, job, outcome.created_names, failed, scheduler

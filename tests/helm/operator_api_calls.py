@@ -244,6 +244,53 @@ def gang_calls(group: str) -> list[Call]:
     ]
 
 
+def tfjob_calls() -> list[Call]:
+    """The calls an operator that serves Kubeflow TFJobs (``tfjob.enabled``,
+    STRATEGYJOB_SERVE_TFJOBS=true) makes besides :data:`CALLS`: the same on its TFJobs as on
+    StrategyJobs, with the verbs training-operator's own role grants (update). What the chart
+    adds then (test_helm_chart.py compares them both ways)."""
+    return [
+        *_calls(
+            "kubeflow.org",
+            "tfjobs",
+            {
+                "get": "reconcile: the TFJob at the start of a pass",
+                "list": "kopf: the TFJob watch stream's initial listing",
+                "watch": "kopf: the TFJob watch stream",
+                "patch": "kopf: its annotations and finalizer clean-up on a TFJob",
+                "update": "a whole write of a TFJob, as training-operator's role grants",
+                "delete": "reconcile: plan.delete_job when ttlSecondsAfterFinished has passed",
+            },
+            only_when={
+                "patch": "a TFJob carries an earlier operator's finalizer",
+                "update": "a TFJob is written whole",
+                "delete": "a finished TFJob's ttlSecondsAfterFinished passes",
+            },
+        ),
+        *_calls(
+            "kubeflow.org",
+            "tfjobs/status",
+            {
+                "get": "a read of the TFJob's status subresource",
+                "patch": "reconcile: the one status write per pass (TFJob's conditions, "
+                "replicaStatuses, startTime, completionTime, lastReconcileTime)",
+                "update": "a whole write of the TFJob's status",
+            },
+            only_when={"get": "status is read alone", "update": "status is written whole"},
+        ),
+        *_calls(
+            "kubeflow.org",
+            "tfjobs/finalizers",
+            {
+                "update": "never called: OwnerReferencesPermissionEnforcement (OpenShift) checks "
+                "it when a pod's or Service's owner reference to its TFJob sets "
+                "blockOwnerDeletion"
+            },
+            delegated=True,
+        ),
+    ]
+
+
 #: The cluster-scoped reads the operator can do without (kopf logs a warning and falls back;
 #: pods stuck on lost nodes are not force-deleted): granted by ``rbac.discovery`` (default
 #: true).

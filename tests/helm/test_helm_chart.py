@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from helm_harness import CHART, Helm, find, only, rule_keys
-from operator_api_calls import calls_for, gang_calls
+from operator_api_calls import calls_for, gang_calls, tfjob_calls
 
 from tests.support.control_plane import REPO_ROOT
 
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 
 FULLNAME = "sjob-strategyjob-operator"
 NAMESPACED = ("--set", "watchNamespaces={team-a,team-b}")
+TFJOB = ("--set", "tfjob.enabled=true")
 
 
 def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -32,18 +33,37 @@ def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
 # --- lint, CRDs, packaging ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+@pytest.mark.parametrize(
+    "values", [(), NAMESPACED, TFJOB], ids=["cluster-wide", "namespaced", "tfjob"]
+)
 def test_lint_is_clean_in_strict_mode(helm: Helm, values: tuple[str, ...]) -> None:
     out = helm.run("lint", "--strict", str(CHART), *values).stdout
     assert "1 chart(s) linted, 0 chart(s) failed" in out
     assert "[WARNING]" not in out and "[ERROR]" not in out, out
 
 
+#: CRDs of crds/ that the chart installs only on a value (tfjob.enabled), from optional-crds/:
+#: Helm installs everything in a chart's crds/ folder, always.
+OPTIONAL_CRDS = {"kubeflow.org_tfjobs.yaml": "tfjob.enabled"}
+
+
+def chart_crd_path(name: str) -> str:
+    """Where the chart carries the copy of crds/<name>."""
+    return f"{'optional-crds' if name in OPTIONAL_CRDS else 'crds'}/{name}"
+
+
 def test_chart_crds_are_byte_identical_to_the_repository_crds() -> None:
-    """crds/ is the one source; the chart carries a copy (helm needs the files inside it)."""
+    """crds/ is the one source; the chart carries a copy (helm needs the files inside it), the
+    optional ones in optional-crds/."""
     source = {p.name: p.read_bytes() for p in (REPO_ROOT / "crds").glob("*.yaml")}
-    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    chart = {
+        p.name: p.read_bytes()
+        for folder in ("crds", "optional-crds")
+        for p in (CHART / folder).glob("*.yaml")
+    }
     assert source, "no CRDs in crds/"
+    assert OPTIONAL_CRDS.keys() <= source.keys()
+    assert {p.name for p in (CHART / "optional-crds").glob("*.yaml")} == OPTIONAL_CRDS.keys()
     differ = sorted(n for n in source.keys() | chart.keys() if source.get(n) != chart.get(n))
     assert not differ, (
         f"helm chart CRDs differ from crds/ in {differ}: run tools/sync-chart-crds.sh"
@@ -56,16 +76,17 @@ def test_packaged_chart_carries_crds_schema_and_renders(helm: Helm, tmp_path: Pa
     with tarfile.open(tgz) as tar:
         names = set(tar.getnames())
         for crd in (REPO_ROOT / "crds").glob("*.yaml"):
-            member = tar.extractfile(f"strategyjob-operator/crds/{crd.name}")
+            member = tar.extractfile(f"strategyjob-operator/{chart_crd_path(crd.name)}")
             assert member is not None and member.read() == crd.read_bytes()
     assert "strategyjob-operator/values.schema.json" in names
     assert "strategyjob-operator/templates/NOTES.txt" in names
-    out = helm.run("template", "sjob", str(tgz), "--include-crds").stdout
-    kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
     crds = [
         d for f in (REPO_ROOT / "crds").glob("*.yaml") for d in yaml.safe_load_all(f.read_text())
     ]
-    assert kinds.count("CustomResourceDefinition") == len(crds) and "Deployment" in kinds
+    for sets, installed in (((), len(crds) - len(OPTIONAL_CRDS)), (TFJOB, len(crds))):
+        out = helm.run("template", "sjob", str(tgz), "--include-crds", *sets).stdout
+        kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
+        assert kinds.count("CustomResourceDefinition") == installed and "Deployment" in kinds
 
 
 # --- values schema -----------------------------------------------------------------------------
@@ -460,6 +481,13 @@ def test_notes_give_the_next_commands(
     assert f"kubectl apply{namespace_flag} -f examples/digits_mwms/k8s.yaml" in notes
     assert f"kubectl get sjob{namespace_flag} -w" in notes
     assert "kubectl -n ops get pods -l app.kubernetes.io/instance=sjob" in notes
+    assert "tfjobs" not in notes
+    out = helm.run(
+        "install", "sjob", str(CHART), "--dry-run=client", "-n", "ops", *values, *TFJOB
+    ).stdout
+    tfjob_notes = out.split("NOTES:", 1)[1]
+    listing = f"kubectl get tfjobs{namespace_flag or ' -A'}\n"
+    assert "It also serves Kubeflow TFJobs" in tfjob_notes and listing in tfjob_notes, tfjob_notes
 
 
 # --- RBAC: exactly the operator's calls ----------------------------------------------------------
@@ -530,3 +558,53 @@ def test_a_gang_scheduler_adds_exactly_its_calls_to_the_rbac(
     with_gang = rule_keys(only(docs, kind, name=FULLNAME, **where)["rules"])
     assert with_gang - base == {(x.group, x.resource, x.verb, ()) for x in gang_calls(group)}
     assert base <= with_gang
+
+
+# --- tfjob.enabled: Kubeflow TFJobs served beside StrategyJobs ------------------------------------
+
+
+def _tfjob_crds(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return find(docs, "CustomResourceDefinition", name="tfjobs.kubeflow.org")
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_tfjobs_are_off_by_default(helm: Helm, values: tuple[str, ...]) -> None:
+    docs = helm.render(*values)
+    assert _tfjob_crds(docs) == []
+    assert "STRATEGYJOB_SERVE_TFJOBS" not in env_of(docs)
+    for doc in find(docs, "ClusterRole") + find(docs, "Role"):
+        assert not [k for k in rule_keys(doc["rules"]) if k[0] == "kubeflow.org"], doc
+
+
+def test_tfjob_enabled_installs_the_repository_crd_kept_on_uninstall(helm: Helm) -> None:
+    """The rendered CRD is crds/kubeflow.org_tfjobs.yaml, with the release's labels and Helm's
+    keep policy (deleting it would delete every TFJob), and the operator serves TFJobs."""
+    docs = helm.render(*TFJOB)
+    (crd,) = _tfjob_crds(docs)
+    source = yaml.safe_load((REPO_ROOT / "crds" / "kubeflow.org_tfjobs.yaml").read_text())
+    meta = crd["metadata"]
+    assert meta.pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert meta.pop("labels")["app.kubernetes.io/instance"] == "sjob"
+    assert crd == source
+    assert env_of(docs)["STRATEGYJOB_SERVE_TFJOBS"] == "true"
+    # Where the cluster has the CRD already (Kubeflow installed it): only the operator's side.
+    docs = helm.render(*TFJOB, "--set", "tfjob.installCRD=false")
+    assert _tfjob_crds(docs) == []
+    assert env_of(docs)["STRATEGYJOB_SERVE_TFJOBS"] == "true"
+
+
+@pytest.mark.parametrize("values", [(), NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_tfjob_enabled_adds_exactly_its_calls_to_the_rbac(
+    helm: Helm, values: tuple[str, ...]
+) -> None:
+    kind, where = ("Role", {"namespace": "team-b"}) if values else ("ClusterRole", {})
+    base = rule_keys(only(helm.render(*values), kind, name=FULLNAME, **where)["rules"])
+    served = rule_keys(only(helm.render(*values, *TFJOB), kind, name=FULLNAME, **where)["rules"])
+    assert served - base == {(x.group, x.resource, x.verb, ()) for x in tfjob_calls()}
+    assert base <= served
+    assert ("kubeflow.org", "tfjobs/status", "patch", ()) in served
+
+
+def test_tfjob_schema_rejects_a_wrong_type_naming_the_field(helm: Helm) -> None:
+    proc = helm.run("template", "sjob", str(CHART), "--set", "tfjob.enabled=yes", check=False)
+    assert proc.returncode != 0 and "/tfjob/enabled" in proc.stderr, proc.stderr

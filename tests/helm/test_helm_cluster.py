@@ -25,11 +25,13 @@ from helm_harness import (
     Release,
     call_key,
     only,
+    rule_keys,
     wait_until_authorized,
 )
 from integration_harness import Kube, manifest, wait_for
-from operator_api_calls import calls_for
+from operator_api_calls import calls_for, tfjob_calls
 
+from tests.support import kubeflow_tfjobs
 from tests.support.control_plane import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -89,6 +91,7 @@ def test_install_creates_the_crds_and_every_object(
     ):
         assert kubectl_get(cluster, kind, obj_name) is not None, kind
     assert "kubectl get sjob -w" in release.install_output  # NOTES
+    assert kubectl_get(cluster, "crd", "tfjobs.kubeflow.org") is None  # only with tfjob.enabled
     assert "No resources found" in cluster.kubectl("get", "sjob", "-A").stderr  # the short name
 
 
@@ -382,6 +385,55 @@ def assert_made_as_listed(made: set[Any], calls: list[Any]) -> None:
     required = {c.key for c in calls if not (c.delegated or c.only_when)}
     assert made <= listed, {"made, not listed": made - listed}
     assert required <= made, {"listed, never made": required - made}
+
+
+def _rules(cluster: AuditedControlPlane, role: str) -> set[Any]:
+    return rule_keys((kubectl_get(cluster, "clusterrole", role) or {})["rules"])
+
+
+def test_tfjob_enabled_installs_the_crd_and_rights_and_keeps_the_crd_when_turned_off(
+    cluster: AuditedControlPlane, cluster_helm: Helm, release: Release
+) -> None:
+    """tfjob.enabled on the real API server: the TFJob CRD is established and takes Kubeflow's
+    example (and refuses a TFJob without a tensorflow container), the operator's ClusterRole and
+    env serve TFJobs; turned off by an upgrade, they go and the CRD stays with its TFJobs
+    (helm.sh/resource-policy keep), as after the uninstall."""
+    ns, name, crd = "tf-system", "tf-strategyjob-operator", "tfjobs.kubeflow.org"
+    values = ("--set", "peering.name=tf-peering", "--set", "tfjob.enabled=true")
+    cluster_helm.run("install", "tf", str(CHART), "-n", ns, "--create-namespace", *values)
+    try:
+        cluster.wait_established(crd)
+        served = {(x.group, x.resource, x.verb, ()) for x in tfjob_calls()}
+        assert served <= _rules(cluster, name)
+        deploy = kubectl_get(cluster, "-n", ns, "deployment", name) or {}
+        env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "STRATEGYJOB_SERVE_TFJOBS", "value": "true"} in env
+        jobs = f"tfjobs-{uuid.uuid4().hex[:6]}"
+        create_namespaces(cluster, jobs)
+        simple = kubeflow_tfjobs.load("example-simple", jobs)
+        done = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(simple))
+        assert "tfjob.kubeflow.org/tfjob-simple created" in done.stdout
+        simple["metadata"]["name"] = "no-tensorflow"
+        simple["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = (
+            "main"
+        )
+        refused = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(simple), check=False)
+        assert "must have at least one container with name tensorflow" in refused.stderr
+
+        cluster_helm.run(
+            "upgrade", "tf", str(CHART), "-n", ns, "--reuse-values", "--set", "tfjob.enabled=false"
+        )
+        deploy = kubectl_get(cluster, "-n", ns, "deployment", name) or {}
+        env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert "STRATEGYJOB_SERVE_TFJOBS" not in {e["name"] for e in env}
+        wait_for("TFJob rules revoked", lambda: not served & _rules(cluster, name))
+        assert kubectl_get(cluster, "crd", crd) is not None
+        cluster_helm.run("uninstall", "tf", "-n", ns)
+        assert kubectl_get(cluster, "crd", crd) is not None
+        assert kubectl_get(cluster, "-n", jobs, "tfjob", "tfjob-simple") is not None
+    finally:
+        cluster_helm.run("uninstall", "tf", "-n", ns, check=False)
+        cluster.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
 
 
 def test_cluster_wide_operator_runs_a_job_with_only_the_charts_rbac(

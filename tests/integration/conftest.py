@@ -39,7 +39,9 @@ def control_plane() -> Iterator[ControlPlane]:
     cp = ControlPlane(bin_dir).start()
     try:
         cp.kubectl("apply", "-f", str(REPO_ROOT / "crds"))
-        cp.wait_established("strategyjobs.strategyjob.dev", "clusterkopfpeerings.kopf.dev")
+        cp.wait_established(
+            "strategyjobs.strategyjob.dev", "clusterkopfpeerings.kopf.dev", "tfjobs.kubeflow.org"
+        )
         yield cp
     finally:
         cp.stop()

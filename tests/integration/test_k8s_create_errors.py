@@ -111,6 +111,30 @@ def test_an_invalid_pod_is_reported_once_not_retried_and_recovers_when_the_spec_
     assert len(events(kube, "bad", "FailedCreatePod")) == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_template_value_the_api_server_cannot_decode_is_named_by_its_field(kube, operator):
+    """A CPU limit of ``lots``: the CRD admits the job (its pod templates are open), the API
+    server refuses each pod with HTTP 400 and only its parser's regular expression; the
+    CreateFailed condition names the field in the job's spec and says what to write."""
+    m = manifest("lots", "MultiWorkerMirroredStrategy", {"worker": 2})
+    container = m["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"limits": {"cpu": "lots", "memory": "1Gi"}}
+    kube.create_job(m)
+    started = time.monotonic()
+    condition = wait_create_failed(kube, "lots", timeout=30)
+    assert time.monotonic() - started < 20  # the second attempt, 5 s after the first
+    message = condition["message"]
+    assert condition["reason"] == "FailedCreatePod"
+    field = "spec.replicaSpecs.worker.template.spec.containers[0].resources.limits.cpu"
+    assert f'{field}: "lots" is not a quantity' in message, message
+    assert "write a number with an optional suffix, e.g. 500m" in message, message
+    assert "quantities must match the regular expression" in message, message  # the API's own
+    assert "fix the job's spec" in message, message
+    assert kube.pods("lots") == {}
+    kube.wait_events("lots", "FailedCreatePod")
+    assert events(kube, "lots", "FailedCreatePod") == [message]
+
+
 @pytest.mark.timeout(180)
 def test_a_quota_403_is_in_the_status_and_retried_with_backoff(kube, operator):
     from kubernetes import client

@@ -159,6 +159,24 @@ the two identical.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if .Values.tfjob.enabled }}
+# Kubeflow TFJobs, served as StrategyJobs are (tfjob.enabled): watched (list, watch), read at
+# each pass (get), kopf's annotations (patch) or a whole write (update, as training-operator's
+# own role grants), deleted when ttlSecondsAfterFinished has passed.
+- apiGroups: [kubeflow.org]
+  resources: [tfjobs]
+  verbs: [get, list, watch, patch, update, delete]
+# The TFJob status training-operator writes (conditions, replicaStatuses, times).
+- apiGroups: [kubeflow.org]
+  resources: [tfjobs/status]
+  verbs: [get, patch, update]
+# Never called: a TFJob is the controller owner of its pods and Services, with
+# blockOwnerDeletion, which OwnerReferencesPermissionEnforcement (OpenShift) lets set only with
+# update on the owner's finalizers.
+- apiGroups: [kubeflow.org]
+  resources: [tfjobs/finalizers]
+  verbs: [update]
+{{- end }}
 {{- with .Values.operator.gangScheduler }}
 # The job's PodGroup for the gang scheduler ({{ . }}), created once; deleted while the job is
 # suspended (the scheduler reserves nothing for it) and created again on resume.
