@@ -31,14 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        help="run a StrategyJob manifest locally, one process per replica",
+        help="run a StrategyJob (or Kubeflow TFJob) manifest locally, one process per replica",
         description=(
             "Run a StrategyJob manifest on this machine: one process per replica, with "
-            "TF_CONFIG and the torch rendezvous variables on 127.0.0.1. Exits 0 if the job "
-            "succeeded, 1 if it failed, 2 if the manifest is invalid."
+            "TF_CONFIG and the torch rendezvous variables on 127.0.0.1. A Kubeflow TFJob runs "
+            "too: its tensorflow containers, with TF_CONFIG as training-operator writes it. "
+            "Exits 0 if the job succeeded, 1 if it failed, 2 if the manifest is invalid."
         ),
     )
-    run.add_argument("manifest", metavar="FILE.yaml", help="the StrategyJob manifest")
+    run.add_argument("manifest", metavar="FILE.yaml", help="the StrategyJob or TFJob manifest")
     run.add_argument(
         "--grace-period",
         type=float,
