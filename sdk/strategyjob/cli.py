@@ -93,10 +93,14 @@ def _add_cluster_commands(commands: Any) -> None:
     submit = commands.add_parser(
         "submit",
         parents=[common],
-        help="create a StrategyJob on the cluster from a manifest",
-        description="Create the StrategyJob of FILE (- reads stdin); the API server checks it.",
+        help="create a StrategyJob (or Kubeflow TFJob) on the cluster from a manifest",
+        description=(
+            "Create the StrategyJob of FILE (- reads stdin); the API server checks it. A "
+            "Kubeflow TFJob is created as it is, as a TFJob, where the cluster serves them "
+            "(the chart's tfjob.enabled=true)."
+        ),
     )
-    submit.add_argument("manifest", metavar="FILE", help="the StrategyJob manifest (YAML)")
+    submit.add_argument("manifest", metavar="FILE", help="the StrategyJob or TFJob manifest (YAML)")
     submit.set_defaults(handler=_submit)
 
     list_ = commands.add_parser("list", parents=[common], help="list the namespace's StrategyJobs")
@@ -213,6 +217,12 @@ def _submit(args: argparse.Namespace) -> int:
         raise ManifestError([f"{source}: {problem}"], source)
     with _client(args) as client:
         job = client.create(manifest, namespace=args.namespace)
+    if job.raw.get("kind") == "TFJob":
+        print(
+            f"TFJob {job.name} created in namespace {job.namespace}. "
+            f"Watch it: kubectl get tfjob {job.name} -n {job.namespace} --watch"
+        )
+        return 0
     print(
         f"StrategyJob {job.name} created in namespace {job.namespace}. "
         f"Watch it: strategyjob status {job.name} -n {job.namespace} --watch"
