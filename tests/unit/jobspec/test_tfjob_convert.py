@@ -6,6 +6,8 @@ StrategyJob cannot hold gets one line naming it."""
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -262,3 +264,11 @@ def test_cli_bad_input_exits_2_naming_the_problem(tmp_path, capsys, document, er
     assert captured.out == ""
     assert f"strategyjob convert: error: {source}: " in captured.err
     assert error in captured.err
+
+
+def test_the_migration_guides_worked_example_is_what_convert_prints() -> None:
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "migrating-from-tfjob.md").read_text()
+    tfjob_doc, strategyjob_doc = (
+        yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", guide, re.S)
+    )
+    assert convert_tfjob(tfjob_doc).manifest == strategyjob_doc
