@@ -62,7 +62,7 @@ def tensorflow_first(template: Mapping[str, Any]) -> dict[str, Any]:
     copied: dict[str, Any] = copy.deepcopy(dict(template))
     containers = (copied.get("spec") or {}).get("containers") or []
     named = [c for c in containers if c.get("name") == TFJOB_CONTAINER_NAME]
-    if named and TRAINING_CONTAINER_NAME not in (c.get("name") for c in containers):
+    if named:
         copied["spec"]["containers"] = named[:1] + [c for c in containers if c is not named[0]]
     return copied
 
@@ -71,6 +71,7 @@ def local_tfjob(obj: Any) -> TFJob:
     """:func:`load_tfjob`, with each ``tensorflow`` container first in the StrategyJob it
     runs as (see :func:`tensorflow_first`): the job ``strategyjob run`` starts."""
     tfjob = load_tfjob(obj)
+    _check_training_container(tfjob)
     job = dataclasses.replace(tfjob.job, replica_specs=_reordered(tfjob.job.replica_specs))
     return dataclasses.replace(tfjob, job=job)
 
@@ -90,6 +91,7 @@ def convert_tfjob(obj: Any, strategy: str | None = None) -> Conversion:
         )
     generate_name = _generate_name(obj)
     tfjob = load_tfjob(_named(obj, generate_name))
+    _check_training_container(tfjob)
     notes: list[str] = []
     job = dataclasses.replace(tfjob.job, strategy=strategy or tfjob.job.strategy)
     job = _with_chief(job, tfjob, notes, chosen=strategy is not None)
@@ -130,6 +132,21 @@ def _named(obj: Any, generate_name: str | None) -> Any:
     if generate_name is None:
         return obj
     return {**obj, "metadata": {**obj["metadata"], "name": generate_name + _GENERATED_SUFFIX}}
+
+
+def _check_training_container(tfjob: TFJob) -> None:
+    """A container named ``strategyjob`` beside the ``tensorflow`` one would be the
+    StrategyJob's training container, silently running the wrong program."""
+    problems = [
+        f"spec.tfReplicaSpecs.{tfjob.key(t)}.template.spec.containers: a container named "
+        f"{TRAINING_CONTAINER_NAME} beside the {TFJOB_CONTAINER_NAME} one would run as the "
+        f"training container outside a TFJob (got {msg.format_value(names)}). Rename it."
+        for t, spec in tfjob.job.replica_specs.items()
+        if TRAINING_CONTAINER_NAME
+        in (names := [c.get("name") for c in spec.template["spec"]["containers"]])
+    ]
+    if problems:
+        raise ManifestError(problems)
 
 
 def _reordered(specs: Mapping[str, ReplicaSpec]) -> dict[str, ReplicaSpec]:
@@ -195,7 +212,8 @@ def _master_notes(tfjob: TFJob) -> list[str]:
     key = tfjob.key("chief")
     return [
         f"spec.tfReplicaSpecs.{key}: carried as spec.replicaSpecs.chief (a StrategyJob has "
-        f"no {key}): its pod is {tfjob.name}-chief-0 and its TF_CONFIG task type chief."
+        f"no {key}): its pod is <job>-chief-0, not <job>-{key.lower()}-0, and its TF_CONFIG "
+        "task type chief."
     ]
 
 

@@ -18,6 +18,7 @@ from strategyjob.jobspec import (
     ManifestError,
     convert_tfjob,
     load_manifest,
+    local_tfjob,
     training_container,
 )
 
@@ -186,6 +187,19 @@ def test_tensorflow_container_is_moved_first_to_stay_the_training_container() ->
     containers = out["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"]
     assert [c["name"] for c in containers] == ["tensorflow", "proxy"]
     assert training_container(load_manifest(out).replica_specs["worker"].template) is not None
+
+
+def test_a_strategyjob_container_beside_tensorflow_is_refused() -> None:
+    replica = tf_replica(2)
+    replica["template"]["spec"]["containers"].append({"name": "strategyjob", "image": "x"})
+    for read in (convert_tfjob, local_tfjob):
+        with pytest.raises(ManifestError) as e:
+            read(tfjob(Worker=replica))
+        assert e.value.problems == [
+            "spec.tfReplicaSpecs.Worker.template.spec.containers: a container named "
+            "strategyjob beside the tensorflow one would run as the training container "
+            'outside a TFJob (got ["tensorflow", "strategyjob"]). Rename it.'
+        ]
 
 
 @pytest.mark.parametrize(
