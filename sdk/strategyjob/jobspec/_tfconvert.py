@@ -84,8 +84,7 @@ def convert_tfjob(obj: Any, strategy: str | None = None) -> Conversion:
         raise ManifestError(
             [
                 msg.NOT_A_TFJOB_TO_CONVERT.format(
-                    api_version=msg.format_value(obj.get("apiVersion")),
-                    kind=msg.format_value(obj.get("kind")),
+                    value=msg.format_value({k: obj.get(k) for k in ("apiVersion", "kind")})
                 )
             ]
         )

@@ -256,8 +256,8 @@ def test_cli_prints_yaml_and_one_stderr_line_per_field(tmp_path, capsys) -> None
     [
         (
             {"apiVersion": "strategyjob.dev/v1alpha1", "kind": "StrategyJob"},
-            "strategyjob convert reads a Kubeflow TFJob (got apiVersion "
-            '"strategyjob.dev/v1alpha1", kind "StrategyJob")',
+            "strategyjob convert reads a Kubeflow TFJob, not this (got "
+            '{"apiVersion": "strategyjob.dev/v1alpha1", "kind": "StrategyJob"})',
         ),
         (
             {
