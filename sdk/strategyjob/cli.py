@@ -1,4 +1,5 @@
-"""The ``strategyjob`` command line. ``run`` is the local launcher; ``submit``, ``list``,
+"""The ``strategyjob`` command line. ``run`` is the local launcher; ``convert`` turns a Kubeflow
+TFJob into a StrategyJob; ``submit``, ``list``,
 ``status``, ``logs`` and ``delete`` work on a cluster through :mod:`strategyjob.client`.
 
 Exit codes: 0 done, 1 the cluster refused or the job failed (one line on stderr, never a
@@ -18,6 +19,8 @@ from strategyjob.errors import ClusterError, JobFailedError, StrategyJobError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from strategyjob.jobspec import STRATEGIES
+
     parser = argparse.ArgumentParser(
         prog="strategyjob",
         description="Run tf.distribute-style training jobs on PyTorch, locally or on Kubernetes.",
@@ -28,14 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
-        help="run a StrategyJob manifest locally, one process per replica",
+        help="run a StrategyJob (or Kubeflow TFJob) manifest locally, one process per replica",
         description=(
             "Run a StrategyJob manifest on this machine: one process per replica, with "
-            "TF_CONFIG and the torch rendezvous variables on 127.0.0.1. Exits 0 if the job "
-            "succeeded, 1 if it failed, 2 if the manifest is invalid."
+            "TF_CONFIG and the torch rendezvous variables on 127.0.0.1. A Kubeflow TFJob runs "
+            "too: its tensorflow containers, with TF_CONFIG as training-operator writes it. "
+            "Exits 0 if the job succeeded, 1 if it failed, 2 if the manifest is invalid."
         ),
     )
-    run.add_argument("manifest", metavar="FILE.yaml", help="the StrategyJob manifest")
+    run.add_argument("manifest", metavar="FILE.yaml", help="the StrategyJob or TFJob manifest")
     run.add_argument(
         "--grace-period",
         type=float,
@@ -52,6 +56,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not show the live status line (it is shown only on a terminal anyway)",
     )
     run.set_defaults(handler=_run)
+
+    convert = commands.add_parser(
+        "convert",
+        help="print the StrategyJob equivalent of a Kubeflow TFJob manifest",
+        description=(
+            "Print the StrategyJob that a Kubeflow kubeflow.org/v1 TFJob manifest becomes: the "
+            "strategy inferred from its replicas (ps: ParameterServerStrategy; several chief "
+            "and worker replicas: MultiWorkerMirroredStrategy; one: MirroredStrategy), every "
+            "field carried over, and one line on stderr for each field a StrategyJob cannot "
+            "hold. Exits 2 if FILE is not a valid TFJob or its replicas do not fit the strategy."
+        ),
+    )
+    convert.add_argument("manifest", metavar="FILE", help="the TFJob manifest (YAML; - is stdin)")
+    convert.add_argument(
+        "--strategy", choices=STRATEGIES, metavar="NAME", help="the strategy (default: inferred)"
+    )
+    convert.add_argument(
+        "-o", "--output", metavar="FILE", help="write the StrategyJob here (default: stdout)"
+    )
+    convert.set_defaults(handler=_convert)
     _add_cluster_commands(commands)
     return parser
 
@@ -69,10 +93,14 @@ def _add_cluster_commands(commands: Any) -> None:
     submit = commands.add_parser(
         "submit",
         parents=[common],
-        help="create a StrategyJob on the cluster from a manifest",
-        description="Create the StrategyJob of FILE (- reads stdin); the API server checks it.",
+        help="create a StrategyJob (or Kubeflow TFJob) on the cluster from a manifest",
+        description=(
+            "Create the StrategyJob of FILE (- reads stdin); the API server checks it. A "
+            "Kubeflow TFJob is created as it is, as a TFJob, where the cluster serves them "
+            "(the chart's tfjob.enabled=true)."
+        ),
     )
-    submit.add_argument("manifest", metavar="FILE", help="the StrategyJob manifest (YAML)")
+    submit.add_argument("manifest", metavar="FILE", help="the StrategyJob or TFJob manifest (YAML)")
     submit.set_defaults(handler=_submit)
 
     list_ = commands.add_parser("list", parents=[common], help="list the namespace's StrategyJobs")
@@ -139,33 +167,62 @@ def _client(args: argparse.Namespace) -> Any:
     )
 
 
-def _submit(args: argparse.Namespace) -> int:
-    from strategyjob.jobspec import (
-        ManifestError,
-        format_value,
-        messages,
-        read_manifest_file,
-        read_manifest_text,
-    )
+def _read(path: str) -> tuple[object, str]:
+    """``(the one YAML document of path, where it came from)``; ``-`` reads stdin."""
+    from strategyjob.jobspec import ManifestError, read_manifest_file, read_manifest_text
 
-    source = "stdin" if args.manifest == "-" else args.manifest
-    if args.manifest == "-":
-        stream = getattr(sys.stdin, "buffer", None)  # bytes: decoded as a file would be
+    if path != "-":
+        return read_manifest_file(path), path
+    stream = getattr(sys.stdin, "buffer", None)  # bytes: decoded as a file would be
+    try:
+        text = stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
+    except (OSError, ValueError) as e:
+        raise ManifestError(
+            [f"stdin: cannot read the manifest ({e}). Pipe in UTF-8 YAML."], "stdin"
+        ) from None
+    return read_manifest_text(text, "stdin"), "stdin"
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import yaml
+
+    from strategyjob.jobspec import ManifestError, convert_tfjob
+
+    document, source = _read(args.manifest)
+    try:
+        conversion = convert_tfjob(document, args.strategy)
+    except ManifestError as e:
+        raise ManifestError([f"{source}: {p}" for p in e.problems], source) from None
+    text = yaml.safe_dump(conversion.manifest, sort_keys=False)
+    for note in conversion.notes:
+        print(f"strategyjob convert: {note}", file=sys.stderr)
+    if args.output:
         try:
-            text = stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
-        except (OSError, ValueError) as e:
-            raise ManifestError(
-                [f"stdin: cannot read the manifest ({e}). Pipe in UTF-8 YAML."], source
-            ) from None
-        manifest = read_manifest_text(text, source)
+            with open(args.output, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as e:
+            raise StrategyJobError(f"{args.output}: cannot write the StrategyJob ({e}).") from None
     else:
-        manifest = read_manifest_file(args.manifest)
+        sys.stdout.write(text)
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from strategyjob.jobspec import ManifestError, format_value, messages
+
+    manifest, source = _read(args.manifest)
     if not isinstance(manifest, Mapping):
         # A list or a scalar: refused here, before connecting to a cluster for nothing.
         problem = messages.NOT_A_MANIFEST.format(value=format_value(manifest))
         raise ManifestError([f"{source}: {problem}"], source)
     with _client(args) as client:
         job = client.create(manifest, namespace=args.namespace)
+    if job.raw.get("kind") == "TFJob":
+        print(
+            f"TFJob {job.name} created in namespace {job.namespace}. "
+            f"Watch it: kubectl get tfjob {job.name} -n {job.namespace} --watch"
+        )
+        return 0
     print(
         f"StrategyJob {job.name} created in namespace {job.namespace}. "
         f"Watch it: strategyjob status {job.name} -n {job.namespace} --watch"

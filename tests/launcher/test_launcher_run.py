@@ -68,12 +68,12 @@ def write_job(
     return path
 
 
-def run_cli(manifest: Path, *extra: str, cwd: Path | None = None, timeout: float = 60):
+def run_cli(manifest: Path, *extra: str, cwd: Path | None = None, timeout: float = 60, env=None):
     return subprocess.run(
         [sys.executable, "-m", "strategyjob", "run", str(manifest), *extra],
         capture_output=True,
         text=True,
-        env=cli_env(),
+        env=cli_env() if env is None else env,
         cwd=cwd,
         timeout=timeout,
     )

@@ -101,9 +101,11 @@ class StrategyJobClient:
         The job goes to ``namespace``, else the manifest's ``metadata.namespace``, else
         the client's namespace (a typed job in ``default`` counts as having none). Dicts,
         YAML and files are sent as written and judged by the API server (its CEL rules);
-        typed jobs were validated when they were built.
+        typed jobs were validated when they were built. A Kubeflow TFJob manifest is
+        created as a TFJob (``kubeflow.org/v1``), for a cluster that serves TFJobs.
         """
         manifest, own_namespace = _as_manifest(job)
+        group, version, plural, kind = _resource_of(manifest)
         if namespace and own_namespace and namespace != own_namespace:
             raise StrategyJobError(
                 f"the manifest's metadata.namespace is {own_namespace} but namespace "
@@ -117,14 +119,15 @@ class StrategyJobClient:
             name = metadata.get("name")
         created = self._call(
             self._custom.create_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            group,
+            version,
             ns,
-            PLURAL,
+            plural,
             manifest,
             action="create",
             name=name if isinstance(name, str) else None,
             namespace=ns,
+            kind=kind,
         )
         return SubmittedJob(created)
 
@@ -503,6 +506,14 @@ def _reached(job: SubmittedJob, targets: tuple[str, ...]) -> bool:
             f"be {' or '.join(targets)}."
         )
     return False
+
+
+def _resource_of(manifest: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """``(group, version, plural, kind)`` to create ``manifest`` as: a TFJob's own, else a
+    StrategyJob's (whatever else it says is the API server's to refuse)."""
+    if jobspec.is_tfjob(manifest):
+        return jobspec.TFJOB_GROUP, jobspec.TFJOB_VERSION, jobspec.TFJOB_PLURAL, jobspec.TFJOB_KIND
+    return GROUP, VERSION, PLURAL, "StrategyJob"
 
 
 def _as_manifest(

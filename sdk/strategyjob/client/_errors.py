@@ -14,6 +14,18 @@ from typing import Any
 
 from strategyjob._names import GROUP, PLURAL
 from strategyjob.errors import ClusterError, JobNotFoundError
+from strategyjob.jobspec import TFJOB_GROUP, TFJOB_KIND, TFJOB_PLURAL
+
+#: The resource of each kind of job the client creates, and what to do when the API server
+#: does not serve it.
+_RESOURCES = {
+    "StrategyJob": (f"{PLURAL}.{GROUP}", "Install the StrategyJob CRD: kubectl apply -f crds/"),
+    TFJOB_KIND: (
+        f"{TFJOB_PLURAL}.{TFJOB_GROUP}",
+        "Install the StrategyJob chart with --set tfjob.enabled=true to run TFJobs as they "
+        "are, or convert it to a StrategyJob: strategyjob convert FILE -o job.yaml",
+    ),
+}
 
 #: What the API server puts before a CEL rule's message (``"object": `` before 1.3x).
 _CEL_PREFIX = re.compile(r'^Invalid value: (?:"object": )?')
@@ -54,7 +66,7 @@ def describe_api_error(
             return f"{what} not found in {where}.", "NotFound"
         return (
             f"the API server does not serve {kind}s ({server_message or 'not found'}). "
-            "Install the StrategyJob CRD: kubectl apply -f crds/",
+            f"{_RESOURCES.get(kind, _RESOURCES['StrategyJob'])[1]}",
             "NotFound",
         )
     if status == 409 or reason == "AlreadyExists":
@@ -66,7 +78,8 @@ def describe_api_error(
     if status == 403:
         return (
             f"permission denied: {server_message or f'cannot {action} {what} in {where}'}. "
-            f"Ask the cluster's admin for RBAC on {PLURAL}.{GROUP} (and pods).",
+            f"Ask the cluster's admin for RBAC on "
+            f"{_RESOURCES.get(kind, _RESOURCES['StrategyJob'])[0]} (and pods).",
             reason or "Forbidden",
         )
     if status == 401:

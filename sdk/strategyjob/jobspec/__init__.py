@@ -5,6 +5,7 @@ Shared by ``strategyjob run`` and the operator; imports neither torch nor kopf.
     job = load_manifest(yaml.safe_load(text))      # raises ManifestError
     env = replica_env(job, "worker", 1, cluster_for_kubernetes(job))
     tfjob = load_tfjob(tfjob_dict)                  # kubeflow.org/v1; tfjob.job: a StrategyJob
+    convert_tfjob(tfjob_dict).manifest              # the StrategyJob it becomes for good
     env = tfjob_replica_env(tfjob, "worker", 0)      # TF_CONFIG as training-operator writes it
     job = StrategyJob.build("mnist", strategy=..., image=..., command=[...])
     job.to_manifest()                               # the YAML a user would write
@@ -97,6 +98,13 @@ from strategyjob.jobspec._model import (
     tf_config_bound,
 )
 from strategyjob.jobspec._render import build_manifest, to_manifest
+from strategyjob.jobspec._tfconvert import (
+    Conversion,
+    convert_tfjob,
+    is_tfjob,
+    local_tfjob,
+    tensorflow_first,
+)
 from strategyjob.jobspec._tfjob import infer_strategy, load_tfjob
 from strategyjob.jobspec._tfmodel import (
     MULTIKUEUE,
@@ -178,6 +186,7 @@ __all__ = [
     "TRAINING_OPERATOR",
     "TRAINING_REPLICA_TYPES",
     "BuildOptions",
+    "Conversion",
     "ManifestError",
     "ReplicaSpec",
     "RunPolicy",
@@ -188,13 +197,16 @@ __all__ = [
     "cluster_config_map_name",
     "cluster_for_kubernetes",
     "cluster_spec",
+    "convert_tfjob",
     "format_value",
     "infer_strategy",
+    "is_tfjob",
     "kubernetes_literal",
     "leader",
     "load_manifest",
     "load_manifest_file",
     "load_tfjob",
+    "local_tfjob",
     "max_name_length",
     "messages",
     "read_manifest_file",
@@ -203,6 +215,7 @@ __all__ = [
     "replica_env_by_reference",
     "service_account_name",
     "success_replicas",
+    "tensorflow_first",
     "tf_config",
     "tf_config_bound",
     "tfjob_cluster_spec",

@@ -291,13 +291,14 @@ def _go_json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def tfjob_cluster_spec(tfjob: TFJob) -> str:
+def tfjob_cluster_spec(tfjob: TFJob, cluster: Mapping[str, list[str]] | None = None) -> str:
     """The cluster of a TFJob's (dense) ``TF_CONFIG``: every replica type, evaluator and
     master included, by lowercased type in sorted order (Go marshals a map so), each with
-    its addresses ``<job>-<type>-<i>.<namespace>.svc:<port>``. The same for every replica,
+    its addresses ``<job>-<type>-<i>.<namespace>.svc:<port>`` (or ``cluster``'s, by
+    StrategyJob type: ``strategyjob run``'s 127.0.0.1 ports). The same for every replica,
     so the operator stores it once, in the job's ConfigMap."""
-    cluster = {tfjob.type_name(t): a for t, a in tfjob.cluster().items()}
-    return _compact_json(cluster)
+    addresses = tfjob.cluster() if cluster is None else cluster
+    return _compact_json({tfjob.type_name(t): a for t, a in addresses.items()})
 
 
 def _tfjob_task(tfjob: TFJob, replica_type: str, index: int) -> str:
@@ -310,15 +311,16 @@ def _tfjob_around_cluster(tfjob: TFJob, replica_type: str, index: int) -> tuple[
     return '{"cluster":', f',"task":{task},"environment":"cloud"}}'
 
 
-def _sparse_tf_config(tfjob: TFJob, replica_type: str, index: int) -> str:
+def _sparse_tf_config(
+    tfjob: TFJob, replica_type: str, index: int, cluster: Mapping[str, list[str]]
+) -> str:
     """``enableDynamicWorker``'s ``TF_CONFIG``, without ``environment``: a worker sees itself
     (``{"<i>": addr}``) and every ps (``null`` when there is none, as Go writes a nil list),
     a ps itself; the chief (or master) the whole cluster, where training-operator gives it
     an empty one (its bug #1763); an evaluator an empty one."""
     task = _tfjob_task(tfjob, replica_type, index)
     if replica_type == "chief":
-        return f'{{"cluster":{tfjob_cluster_spec(tfjob)},"task":{task}}}'
-    cluster = tfjob.cluster()
+        return f'{{"cluster":{tfjob_cluster_spec(tfjob, cluster)},"task":{task}}}'
     workers: dict[str, str] = {}
     ps: list[str] | None = []
     if replica_type == "worker":
@@ -329,36 +331,51 @@ def _sparse_tf_config(tfjob: TFJob, replica_type: str, index: int) -> str:
     return f'{{"cluster":{_go_json({"worker": workers, "ps": ps})},"task":{task}}}'
 
 
-def tfjob_tf_config(tfjob: TFJob, replica_type: str, index: int) -> str | None:
+def tfjob_tf_config(
+    tfjob: TFJob, replica_type: str, index: int, cluster: Mapping[str, list[str]] | None = None
+) -> str | None:
     """Replica ``(replica_type, index)``'s ``TF_CONFIG`` (``replica_type`` a StrategyJob type,
     ``chief`` for a Master), byte for byte as training-operator writes it:
     ``{"cluster":{...},"task":{"type":<lowercased type>,"index":i},"environment":"cloud"}``;
     the sparse form under ``enableDynamicWorker``; None in a one-replica job, which gets
-    none (``isDistributed``)."""
+    none (``isDistributed``). ``cluster``: the addresses to write, as in
+    :func:`tfjob_cluster_spec`."""
     if tfjob.job.total_replicas == 1:
         return None
+    addresses = tfjob.cluster() if cluster is None else cluster
     if tfjob.enable_dynamic_worker:
-        return _sparse_tf_config(tfjob, replica_type, index)
+        return _sparse_tf_config(tfjob, replica_type, index, addresses)
     before, after = _tfjob_around_cluster(tfjob, replica_type, index)
-    return before + tfjob_cluster_spec(tfjob) + after
+    return before + tfjob_cluster_spec(tfjob, addresses) + after
 
 
 def _tfjob_env(
-    tfjob: TFJob, replica_type: str, index: int, restart_attempt: int, tf_config_value: str | None
+    tfjob: TFJob,
+    replica_type: str,
+    index: int,
+    restart_attempt: int,
+    tf_config_value: str | None,
+    cluster: Mapping[str, list[str]] | None = None,
 ) -> dict[str, str]:
     """The StrategyJob environment of a TFJob's replica (torch rendezvous at the leader's
-    Service), its ``TF_CONFIG`` being ``tf_config_value``."""
-    cluster = tfjob.cluster()
-    return _replica_env(tfjob.job, replica_type, index, cluster, restart_attempt, tf_config_value)
+    Service, or its address in ``cluster``), its ``TF_CONFIG`` being ``tf_config_value``."""
+    addresses = tfjob.cluster() if cluster is None else cluster
+    return _replica_env(tfjob.job, replica_type, index, addresses, restart_attempt, tf_config_value)
 
 
 def tfjob_replica_env(
-    tfjob: TFJob, replica_type: str, index: int, restart_attempt: int = 0
+    tfjob: TFJob,
+    replica_type: str,
+    index: int,
+    restart_attempt: int = 0,
+    cluster: Mapping[str, list[str]] | None = None,
 ) -> dict[str, str]:
     """:func:`replica_env` for a TFJob's replica: :func:`tfjob_tf_config` (none in a
-    one-replica job), beside the SDK's variables, which leave ``TF_CONFIG`` unchanged."""
-    value = tfjob_tf_config(tfjob, replica_type, index)
-    return _tfjob_env(tfjob, replica_type, index, restart_attempt, value)
+    one-replica job), beside the SDK's variables, which leave ``TF_CONFIG`` unchanged.
+    ``cluster``: every replica's address by StrategyJob type, where the job does not run
+    behind its Services (``strategyjob run``)."""
+    value = tfjob_tf_config(tfjob, replica_type, index, cluster)
+    return _tfjob_env(tfjob, replica_type, index, restart_attempt, value, cluster)
 
 
 def tfjob_replica_env_by_reference(

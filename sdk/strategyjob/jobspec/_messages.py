@@ -201,3 +201,8 @@ BAD_MANAGED_BY = (
     "spec.runPolicy.managedBy: unknown controller (got {value}). "
     "Use kubeflow.org/training-operator, kueue.x-k8s.io/multikueue, or leave it unset."
 )
+NOT_A_TFJOB_TO_CONVERT = (
+    "manifest: strategyjob convert reads a Kubeflow TFJob, not this (got {value}). Give it a "
+    "manifest with apiVersion: kubeflow.org/v1 and kind: TFJob; a StrategyJob needs no "
+    "converting."
+)

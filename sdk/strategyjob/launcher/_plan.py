@@ -8,7 +8,7 @@ import re
 import resource
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from strategyjob.jobspec import (
 LOCAL_HOST = "127.0.0.1"
 #: Rendezvous variables never inherited from the launcher's own environment.
 _CLEARED_ENV = (
+    _names.ENV_TF_CONFIG,  # a one-replica TFJob's replica gets none, as in a cluster
     _names.ENV_RANK,
     _names.ENV_WORLD_SIZE,
     _names.ENV_LOCAL_RANK,
@@ -44,6 +45,12 @@ MAX_LOCAL_REPLICAS = 512
 _FILES_PER_REPLICA = 2
 _FILES_RESERVED = 64  # the launcher's own: the interpreter's, the console, the progress file
 _VAR_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+#: A replica's injected environment from ``(replica type, index, every replica's address by
+#: type, restart attempt)``: :func:`replica_env` for a StrategyJob, ``tfjob_replica_env`` for
+#: a Kubeflow TFJob (its ``TF_CONFIG`` as training-operator writes it).
+ReplicaEnv = Callable[[str, int, Mapping[str, list[str]], int], dict[str, str]]
 
 
 class LaunchError(StrategyJobError):
@@ -191,12 +198,18 @@ def build_launches(
     warn: Any = None,
     job_env: Mapping[str, str] | None = None,
     restart_attempt: int = 0,
+    env_of: ReplicaEnv | None = None,
 ) -> list[ReplicaLaunch]:
     """The process of every replica: the training container's command and args
     (``$(VAR)`` expanded; ``python`` is this interpreter), its plain env values plus
-    :func:`replica_env` and ``job_env`` (what the launcher adds for the whole job: its
-    token and progress file), run in ``workdir``."""
+    ``env_of``'s (default :func:`replica_env`) and ``job_env`` (what the launcher adds for
+    the whole job: its token and progress file), run in ``workdir``."""
     check_runnable(job)
+    if env_of is None:
+
+        def env_of(t: str, i: int, c: Mapping[str, list[str]], attempt: int) -> dict[str, str]:
+            return replica_env(job, t, i, c, attempt)
+
     base = dict(os.environ if base_env is None else base_env)
     for name in _CLEARED_ENV:
         base.pop(name, None)
@@ -205,7 +218,7 @@ def build_launches(
         spec = job.replica_specs[replica_type]
         container = training_container(spec.template)
         injected = {
-            **replica_env(job, replica_type, index, cluster, restart_attempt),
+            **env_of(replica_type, index, cluster, restart_attempt),
             **(job_env or {}),
         }
         container_env: dict[str, str] = {}

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +20,19 @@ from strategyjob.jobspec import (
     ENV_PROGRESS_FILE,
     ENV_TOKEN,
     TRAINING_REPLICA_TYPES,
+    ManifestError,
     StrategyJob,
-    load_manifest_file,
+    TFJob,
+    is_tfjob,
+    load_manifest,
+    local_tfjob,
+    read_manifest_file,
+    tfjob_replica_env,
 )
 from strategyjob.launcher._decision import Decision, Phase, ReplicaKey, decide, replica_name
 from strategyjob.launcher._output import Console, ProgressFile, format_elapsed, format_report
 from strategyjob.launcher._plan import (
+    ReplicaEnv,
     ReplicaLaunch,
     build_launches,
     check_runnable,
@@ -68,11 +75,29 @@ class _Interrupted(Exception):
 
 
 def run_file(path: str | Path, options: RunOptions | None = None, out: TextIO | None = None) -> int:
-    """Validate the manifest at ``path`` (raising ``ManifestError``/``LaunchError``
-    before anything starts), then run it. Returns the process exit code."""
-    job = load_manifest_file(path)
+    """Validate the manifest at ``path``, a StrategyJob or a Kubeflow TFJob (raising
+    ``ManifestError``/``LaunchError`` before anything starts), then run it. Returns the
+    process exit code. A TFJob's ``tensorflow`` containers run, with ``TF_CONFIG`` as
+    training-operator writes it but on 127.0.0.1."""
+    document = read_manifest_file(path)
+    try:
+        tfjob = local_tfjob(document) if is_tfjob(document) else None
+        job = tfjob.job if tfjob is not None else load_manifest(document)
+    except ManifestError as e:
+        raise ManifestError([f"{path}: {p}" for p in e.problems], str(path)) from None
     check_runnable(job)
-    return run_job(job, Path(path).resolve().parent, options, out)
+    env_of = tfjob_env(tfjob) if tfjob is not None else None
+    return run_job(job, Path(path).resolve().parent, options, out, env_of=env_of)
+
+
+def tfjob_env(tfjob: TFJob) -> ReplicaEnv:
+    """The injected environment of a TFJob's local replica: ``tfjob_replica_env`` with the
+    launcher's addresses."""
+
+    def env_of(t: str, i: int, cluster: Mapping[str, list[str]], attempt: int) -> dict[str, str]:
+        return tfjob_replica_env(tfjob, t, i, attempt, cluster)
+
+    return env_of
 
 
 def run_job(
@@ -80,16 +105,18 @@ def run_job(
     workdir: str | Path,
     options: RunOptions | None = None,
     out: TextIO | None = None,
+    *,
+    env_of: ReplicaEnv | None = None,
 ) -> int:
     """Run ``job`` with one local process per replica in ``workdir``; returns 0 if it
     succeeded, 1 if it failed, ``128 + signal`` if interrupted by SIGINT, SIGTERM or
-    SIGHUP."""
+    SIGHUP. ``env_of``: each replica's injected environment (default ``replica_env``)."""
     options = options or RunOptions()
     out = out or sys.stdout
     live = options.live_status if options.live_status is not None else out.isatty()
     reserve_open_files(len(job.replicas()))
     console = Console(out, live_status=live)
-    return _JobRun(job, Path(workdir), options, console).run()
+    return _JobRun(job, Path(workdir), options, console, env_of=env_of).run()
 
 
 def grace_period_of(job: StrategyJob, override: float | None = None) -> float:
@@ -120,8 +147,10 @@ class _JobRun:
         console: Console,
         supervisor: ProcessSupervisor | None = None,
         clock: Callable[[], float] = time.monotonic,
+        env_of: ReplicaEnv | None = None,
     ) -> None:
         self.job = job
+        self.env_of = env_of
         self.workdir = workdir
         self.options = options
         self.grace = grace_period_of(job, options.grace_period)
@@ -203,6 +232,7 @@ class _JobRun:
             warn=self.say,
             job_env=self.job_env,
             restart_attempt=self.restarts,
+            env_of=self.env_of,
         )
         addresses = ", ".join(
             f"{launch.name} ({cluster[launch.replica_type][launch.index]})" for launch in launches

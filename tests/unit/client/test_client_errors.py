@@ -127,6 +127,19 @@ def test_missing_crd_says_how_to_install_it():
     assert message.endswith("kubectl apply -f crds/")
 
 
+def test_missing_tfjob_crd_says_to_enable_tfjobs_or_convert():
+    # `strategyjob submit tfjob.yaml` on a cluster without the TFJob CRD.
+    message, reason = describe(404, "404 page not found\n", kind="TFJob", name="mnist")
+    assert (message, reason) == (
+        "the API server does not serve TFJobs (404 page not found). Install the StrategyJob "
+        "chart with --set tfjob.enabled=true to run TFJobs as they are, or convert it to a "
+        "StrategyJob: strategyjob convert FILE -o job.yaml",
+        "NotFound",
+    )
+    forbidden, _ = describe(403, status(403, "Forbidden", "no"), kind="TFJob", name="mnist")
+    assert "RBAC on tfjobs.kubeflow.org (and pods)" in forbidden
+
+
 def test_conflict_forbidden_and_unauthorized():
     exists = status(409, "AlreadyExists", 'strategyjobs.strategyjob.dev "a" already exists')
     assert describe(409, exists)[0].startswith(

@@ -78,6 +78,7 @@ def test_the_manifest_model_and_the_launcher_use_the_shared_names() -> None:
     for key in ("ENV_TF_CONFIG", "ENV_RANK", "ENV_TOKEN", "ENV_RESTART_ATTEMPT"):
         assert getattr(jobspec, key) == getattr(_names, key)
     assert set(_plan._CLEARED_ENV) == {
+        _names.ENV_TF_CONFIG,
         _names.ENV_RANK,
         _names.ENV_WORLD_SIZE,
         _names.ENV_LOCAL_RANK,

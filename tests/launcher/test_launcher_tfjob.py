@@ -1,0 +1,104 @@
+"""`strategyjob run` of a Kubeflow TFJob manifest: its ``tensorflow`` containers run as any
+replica's, with ``TF_CONFIG`` as training-operator writes it (on 127.0.0.1) and the SDK's
+variables beside it, so a two-worker job all-reduces through the SDK to success."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.launcher.test_launcher_run import cli_env, run_cli
+
+pytestmark = pytest.mark.timeout(150)
+
+SCRIPT = """
+import json, os, torch
+import strategyjob as sj
+
+print("TF_CONFIG", os.environ["TF_CONFIG"])
+strategy = sj.MultiWorkerMirroredStrategy()
+rank = int(os.environ["RANK"])
+total = strategy.reduce(
+    "SUM", strategy.run(lambda: torch.tensor(float(rank + 1))), axis=None
+)
+print("sum", float(total), "replicas", strategy.num_replicas_in_sync)
+"""
+
+
+def write_tfjob(directory: Path, **spec_extra) -> Path:
+    (directory / "train.py").write_text(textwrap.dedent(SCRIPT))
+    sidecar = {"name": "sidecar", "image": "busybox", "command": ["false"]}
+    tensorflow = {"name": "tensorflow", "image": "tf:2", "command": ["python", "train.py"]}
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "tfdemo"},
+        "spec": {
+            "tfReplicaSpecs": {
+                "worker": {  # any case, as training-operator accepts it
+                    "replicas": 2,
+                    "template": {"spec": {"containers": [sidecar, tensorflow]}},
+                }
+            },
+            **spec_extra,
+        },
+    }
+    path = directory / "tfjob.yaml"
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return path
+
+
+def test_two_worker_tfjob_runs_its_tensorflow_containers_to_success(tmp_path):
+    result = run_cli(write_tfjob(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    configs = {
+        line.split("]", 1)[0][1:]: line.split(" TF_CONFIG ", 1)[1]
+        for line in lines
+        if " TF_CONFIG " in line
+    }
+    assert set(configs) == {"worker-0", "worker-1"}
+    addresses = json.loads(configs["worker-0"])["cluster"]["worker"]
+    assert [a.split(":")[0] for a in addresses] == ["127.0.0.1", "127.0.0.1"]
+    for index in (0, 1):
+        # Byte for byte training-operator's form: cluster, task (lowercased type), environment.
+        assert configs[f"worker-{index}"] == (
+            f'{{"cluster":{{"worker":{json.dumps(addresses, separators=(",", ":"))}}},'
+            f'"task":{{"type":"worker","index":{index}}},"environment":"cloud"}}'
+        )
+        assert f"[worker-{index}] sum 3.0 replicas 2" in lines
+    assert lines[0].startswith("strategyjob: job tfdemo [MultiWorkerMirroredStrategy] starting")
+    assert lines[-1].startswith("strategyjob: job tfdemo succeeded in ")
+
+
+def test_invalid_tfjob_starts_nothing_and_names_the_tfjob_field(tmp_path):
+    path = write_tfjob(tmp_path, runPolicy={"managedBy": "someone-else"})
+    result = run_cli(path, timeout=30)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"strategyjob run: error: {path}: spec.runPolicy.managedBy: unknown controller "
+        '(got "someone-else"). Use kubeflow.org/training-operator, '
+        "kueue.x-k8s.io/multikueue, or leave it unset."
+    ]
+
+
+def test_one_replica_tfjob_gets_no_tf_config_even_from_the_launcher(tmp_path):
+    (tmp_path / "one.py").write_text('import os\nprint("TF_CONFIG", os.environ.get("TF_CONFIG"))\n')
+    container = {"name": "tensorflow", "image": "tf:2", "command": ["python", "one.py"]}
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "single"},
+        "spec": {"tfReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [container]}}}}},
+    }
+    path = tmp_path / "tfjob.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    env = {**cli_env(), "TF_CONFIG": '{"cluster": {"worker": ["elsewhere:1"]}}'}
+    result = run_cli(path, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[worker-0] TF_CONFIG None" in result.stdout.splitlines()
