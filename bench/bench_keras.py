@@ -77,7 +77,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--nworkers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per process")
     p.add_argument("--no-single", action="store_true", help="skip the 1-worker Keras job")
-    p.add_argument("--profile", action="store_true", help="cProfile a Keras fit window (rank 0)")
+    p.add_argument(
+        "--profile", action="store_true", help="cProfile a window of each loop (rank 0's)"
+    )
     p.add_argument("--tensorflow", metavar="VENV", help="also tf_keras fit under TF's MWMS")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -294,7 +296,7 @@ def worker(args: argparse.Namespace) -> None:
         result[f"{loop}_cpu_us"] = 1e6 * statistics.fmean(cpu[loop])
         result[f"{loop}_loss"] = round(losses[loop], 4)
     if args.profile:  # every worker profiles (same collectives); rank 0's is printed
-        lines = profile(windows["keras"], steps, f"rank {rank} of {n}")
+        lines = [line for loop in loops for line in profile(loop, windows[loop], steps, n)]
         if rank == 0:
             result["profile"] = lines
     print("RESULT " + json.dumps(result), flush=True)
@@ -315,7 +317,7 @@ def _area(file: str, name: str) -> str:
     return "other Python and builtins"
 
 
-def profile(fn: Callable[[], object], steps: int, label: str) -> list[str]:
+def profile(loop: str, fn: Callable[[], object], steps: int, workers: int) -> list[str]:
     """Where the main thread's CPU goes in ``fn`` (cProfile on ``time.thread_time``, so
     waiting costs nothing), per training step: by area, then the top entries."""
     profiler = cProfile.Profile(time.thread_time)
@@ -326,14 +328,14 @@ def profile(fn: Callable[[], object], steps: int, label: str) -> list[str]:
     for (file, _, name), (_, _, tottime, _, _) in entries:
         areas[_area(file, name)] = areas.get(_area(file, name), 0.0) + tottime
     lines = [
-        f"--- Keras fit, main-thread CPU per step under cProfile ({label}): "
+        f"--- {loop}, {workers} worker(s): main-thread CPU per step under cProfile: "
         f"{1e6 * sum(areas.values()) / steps:.0f} us ---"
     ]
     lines += [
         f"  {1e6 * t / steps:7.0f} us  {area}"
         for area, t in sorted(areas.items(), key=lambda a: -a[1])
     ]
-    rows = sorted(entries, key=lambda e: -e[1][2])[:15]
+    rows = sorted(entries, key=lambda e: -e[1][2])[:10]
     lines += [
         f"  {1e6 * tottime / steps:7.0f} us {calls / steps:6.1f} calls  "
         f"{Path(file).name}:{line}({name})"
