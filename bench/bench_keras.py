@@ -12,15 +12,17 @@ holds them. In the same two processes, timed in alternating windows (one ``fit``
   of a shuffled ``DataLoader`` of the same arrays with the global batch,
   ``strategy.run(step_fn)`` + ``strategy.reduce(MEAN, loss)``, as many steps as a ``fit``;
 * ``plain``: plain Keras ``fit`` without any strategy on this worker's share of the arrays
-  (batch 128): Keras's own cost per step on one process, no collective.
+  (batch 128): Keras's own cost per step on one process, no collective;
+* ``torch``: a plain torch loop (no strategy) on the same share: ``plain / torch`` is what
+  Keras itself costs, ``keras / plain`` and ``loop / torch`` what the strategy costs.
 
 A window's steps/s runs from the end of its first step to the end of its last (a Keras
 callback's ``on_train_batch_end`` stamps; the same stamps after each loop step), so process
 start, ``fit``'s set-up and the workers' meeting are not counted. Then, with ``--tensorflow
 VENV``, TensorFlow 2.21's Keras ``fit`` of the same model under its MultiWorkerMirroredStrategy
 (``tf_keras_reference.py``: ``tf_keras``, TensorFlow's Keras 2; its bundled Keras 3 crashes
-there), after the torch windows; and the same Keras job on one worker (``keras`` and
-``plain`` alternating), whose examples/s against the two workers' shows the work split.
+there), after the torch windows; and the same Keras job on one worker (``keras``, ``plain``
+and ``torch`` alternating), whose examples/s against the two workers' shows the work split.
 Examples/s are the job's: steps/s x the global batch.
 
     python bench/bench_keras.py                          # ~2 minutes on 2 cores
@@ -42,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_mwms import (
@@ -54,6 +57,7 @@ from bench_mwms import (
     worker_env,
 )
 from keras_workload import (
+    LEARNING_RATE,
     SIZES,
     arrays,
     clock_callback,
@@ -63,13 +67,14 @@ from keras_workload import (
 )
 from strategyjob.launcher import free_ports
 
-LOOPS = ("keras", "loop", "plain")
+LOOPS = ("keras", "loop", "plain", "torch")
+Window = tuple[list[float], list[float], float]  # wall and CPU stamps after each step, loss
 TF_AIM, LOOP_AIM = 1.3, 0.9
 
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--rounds", type=int, default=8, help="alternating windows per loop")
+    p.add_argument("--rounds", type=int, default=6, help="alternating windows per loop")
     p.add_argument("--epochs", type=int, default=2, help="epochs of one fit call (a window)")
     p.add_argument("--examples", type=int, default=256 * 15, help="rows of the arrays")
     p.add_argument("--warmup", type=int, default=1, help="untimed windows per loop first")
@@ -112,7 +117,7 @@ def torch_job(args: argparse.Namespace, nworkers: int, loops: tuple[str, ...]) -
         f"--loops={','.join(loops)}",
         f"--ports={','.join(map(str, ports))}",
     ]
-    env = worker_env(args.threads)
+    env = dict(worker_env(args.threads), KERAS_BACKEND="torch")
     commands = [
         ([sys.executable, __file__, *forwarded, *job, f"--rank={r}"], env) for r in range(nworkers)
     ]
@@ -156,8 +161,9 @@ def paired(results: list[dict], a: str, b: str) -> str:
     return f"{median:.3f} (median of {len(ratios)} rounds, quartiles {q1:.3f} - {q3:.3f})"
 
 
-def run_tf_keras(args: argparse.Namespace) -> float:
-    """tf_keras fit under TensorFlow's MWMS on every worker; print and return its steps/s."""
+def run_tf_keras(args: argparse.Namespace) -> tuple[float, float]:
+    """tf_keras fit under TensorFlow's MWMS on every worker; print and return its steps/s
+    and CPU per step and process."""
     options = [f"--examples={args.examples}", f"--epochs={args.epochs}", f"--rounds={args.rounds}"]
     print("tensorflow: tf_keras fit under MultiWorkerMirroredStrategy (RING)", flush=True)
     results = run_tensorflow_workers(args, "tf_keras_reference.py", options)
@@ -169,7 +175,7 @@ def run_tf_keras(args: argparse.Namespace) -> float:
         f"CPU per step and process {cpu:6.0f} us, final loss {results[0]['loss']} "
         f"(TensorFlow {results[0]['tf_version']}, tf_keras {results[0]['tf_keras_version']})"
     )
-    return sps
+    return sps, cpu
 
 
 def launch(args: argparse.Namespace) -> None:
@@ -178,15 +184,25 @@ def launch(args: argparse.Namespace) -> None:
     medians = summarize(results, LOOPS, f"{n} workers:")
     print(f"paired ratio keras/loop: {paired(results, 'keras', 'loop')}")
     print(f"paired ratio keras/plain: {paired(results, 'keras', 'plain')}")
-    tf_sps = run_tf_keras(args) if args.tensorflow else float("nan")
+    print(f"paired ratio plain/torch: {paired(results, 'plain', 'torch')} (Keras's own cost)")
+    tf_sps, tf_cpu = run_tf_keras(args) if args.tensorflow else (float("nan"), float("nan"))
     if not args.no_single:
-        single = summarize(torch_job(args, 1, ("keras", "plain")), ("keras", "plain"), "1 worker: ")
+        alone = ("keras", "plain", "torch")
+        single = summarize(torch_job(args, 1, alone), alone, "1 worker: ")
         print(
             f"Keras fit job examples/s: 1 worker {single['keras'] * batch:.0f}, {n} workers "
             f"{medians['keras'] * batch:.0f} (x{medians['keras'] / single['keras']:.2f}); "
-            f"plain Keras, one process, batch {batch}: {single['plain'] * batch:.0f}"
+            f"plain Keras, one process, batch {batch}: {single['plain'] * batch:.0f}, "
+            f"plain torch: {single['torch'] * batch:.0f}"
         )
     keras_sps, loop_sps = medians["keras"], medians["loop"]
+    cpu = {loop: statistics.fmean(r[f"{loop}_cpu_us"] for r in results) for loop in LOOPS}
+    print(
+        f"CPU per step and process (all threads; load inflates it less than wall time): "
+        f"keras_fit={cpu['keras']:.0f} us custom_loop={cpu['loop']:.0f} us "
+        f"tf_keras_fit={tf_cpu:.0f} us; loop/keras={cpu['loop'] / cpu['keras']:.3f} "
+        f"tf/keras={tf_cpu / cpu['keras']:.3f}"
+    )
     print(
         f"examples/s (job, {n} workers): keras_fit={keras_sps * batch:.0f} "
         f"custom_loop={loop_sps * batch:.0f} tf_keras_fit={tf_sps * batch:.0f}"
@@ -202,8 +218,8 @@ def launch(args: argparse.Namespace) -> None:
 def worker(args: argparse.Namespace) -> None:
     set_tf_config(args)
     n, rank, loops = args.nworkers, args.rank, args.loops.split(",")
-    import keras
-    import strategyjob as sj  # before keras: makes torch Keras's default backend
+    import keras  # on torch: KERAS_BACKEND is set in the job's env, as the README says
+    import strategyjob as sj
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -218,57 +234,73 @@ def worker(args: argparse.Namespace) -> None:
     with keras_strategy.scope():
         model = keras_mlp(keras)
 
-    def fit_window(fit_model, xs, ys, batch_size: int) -> tuple[list, list, float]:
+    def fit_window(fit_model: Any, xs: Any, ys: Any, batch_size: int) -> Window:
         clock = clock_callback(keras)
         history = fit_model.fit(
             xs, ys, batch_size=batch_size, epochs=args.epochs, verbose=0, callbacks=[clock]
         )
         return clock.wall, clock.cpu, float(history.history["loss"][-1])
 
-    windows: dict[str, Callable[[], tuple[list, list, float]]] = {
+    windows: dict[str, Callable[[], Window]] = {
         "keras": lambda: fit_window(model, x, y, args.global_batch)
     }
 
-    # (loop) the README's custom loop, same shape and initial weights, a strategy of its own
-    if "loop" in loops:
-        loop_strategy = sj.MultiWorkerMirroredStrategy()
-        with loop_strategy.scope():
-            linears = [nn.Linear(a, b) for a, b in itertools.pairwise(SIZES)]
-            mlp = nn.Sequential(linears[0], nn.ReLU(), linears[1], nn.ReLU(), linears[2])
-            optimizer = torch.optim.SGD(mlp.parameters(), lr=0.01)
+    def torch_mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The same MLP in torch, with the Keras model's initial weights (the chief's)."""
+        linears = [nn.Linear(a, b) for a, b in itertools.pairwise(SIZES)]
+        mlp = nn.Sequential(linears[0], nn.ReLU(), linears[1], nn.ReLU(), linears[2])
         with torch.no_grad():
-            kernels = model.get_weights()  # [kernel (in, out), bias] per Dense, the chief's
+            kernels = model.get_weights()  # [kernel (in, out), bias] per Dense layer
             for layer, kernel, bias in zip(linears, kernels[::2], kernels[1::2]):
                 layer.weight.copy_(torch.from_numpy(kernel.T))
                 layer.bias.copy_(torch.from_numpy(bias))
-        loader = DataLoader(
-            TensorDataset(torch.from_numpy(x), torch.from_numpy(y)),
-            batch_size=args.global_batch,
+        return mlp, torch.optim.SGD(mlp.parameters(), lr=LEARNING_RATE)
+
+    def loader(xs: Any, ys: Any, batch_size: int) -> DataLoader:
+        return DataLoader(
+            TensorDataset(torch.from_numpy(xs), torch.from_numpy(ys)),
+            batch_size=batch_size,
             shuffle=True,
             generator=torch.Generator().manual_seed(0),  # the same order on every worker
         )
-        dist_dataset = loop_strategy.experimental_distribute_dataset(loader)
 
-        step_fn = sgd_step_fn(mlp, optimizer)
+    def stamped(batches: Any, step: Callable[..., Any]) -> Callable[[], Window]:
+        """A window of ``args.epochs`` passes over ``batches``, stamped after every step."""
 
-        def loop_window() -> tuple[list, list, float]:
+        def window() -> Window:
             wall, cpu = [], []
             for _ in range(args.epochs):
-                for xb, yb in dist_dataset:
-                    per_replica = loop_strategy.run(step_fn, args=(xb, yb))
-                    loss = loop_strategy.reduce(sj.ReduceOp.MEAN, per_replica, axis=None)
+                for batch in batches:
+                    loss = step(*batch)
                     wall.append(time.perf_counter())
                     cpu.append(time.process_time())
             return wall, cpu, float(loss)
 
-        windows["loop"] = loop_window
+        return window
 
-    # (plain) Keras without a strategy on this worker's share: Keras's own cost per step
+    # (loop) the README's custom loop, in the scope of a strategy of its own
+    if "loop" in loops:
+        loop_strategy = sj.MultiWorkerMirroredStrategy()
+        with loop_strategy.scope():
+            step_fn = sgd_step_fn(*torch_mlp())
+        dist_dataset = loop_strategy.experimental_distribute_dataset(
+            loader(x, y, args.global_batch)
+        )
+
+        def loop_step(xb: Any, yb: Any) -> Any:
+            per_replica = loop_strategy.run(step_fn, args=(xb, yb))
+            return loop_strategy.reduce(sj.ReduceOp.MEAN, per_replica, axis=None)
+
+        windows["loop"] = stamped(dist_dataset, loop_step)
+
+    # (plain, torch) no strategy, this worker's share: Keras's own cost per step, and torch's
+    share = args.global_batch // n
     if "plain" in loops:
         plain = keras_mlp(keras)
         plain.set_weights(model.get_weights())
-        share = args.global_batch // n
         windows["plain"] = lambda: fit_window(plain, x[rank::n], y[rank::n], share)
+    if "torch" in loops:
+        windows["torch"] = stamped(loader(x[rank::n], y[rank::n], share), sgd_step_fn(*torch_mlp()))
 
     def timed(loop: str) -> tuple[float, float, float]:
         if n > 1:

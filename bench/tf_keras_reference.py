@@ -26,7 +26,7 @@ p.add_argument("--threads", type=int, default=1)
 p.add_argument("--global-batch", type=int, default=256)
 p.add_argument("--examples", type=int, default=256 * 15)
 p.add_argument("--epochs", type=int, default=2)
-p.add_argument("--rounds", type=int, default=8, help="timed fit calls")
+p.add_argument("--rounds", type=int, default=6, help="timed fit calls")
 p.add_argument("--warmup", type=int, default=1, help="untimed fit calls first")
 args = p.parse_args()
 
