@@ -35,7 +35,9 @@ from typing import Any
 from strategyjob.launcher import free_ports
 
 HERE = Path(__file__).resolve().parent
-SDK = HERE.parent / "sdk"
+sys.path.insert(0, str(HERE.parent))  # tests.support: shared test and benchmark tooling
+from tests.support.processes import SDK as SDK  # noqa: E402  (bench_checkpoint uses it)
+from tests.support.processes import child_env  # noqa: E402
 
 
 def _args() -> argparse.Namespace:
@@ -105,13 +107,10 @@ def _window_rates(results: list[dict], key: str) -> list[float]:
 
 
 def worker_env(threads: int) -> dict[str, str]:
-    """The environment of a torch worker process: this SDK importable, ``threads`` compute
-    threads, no GPU, and none of the caller's cluster variables (the worker sets its own)."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
-    for key in ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        env.pop(key, None)
-    return env
+    """The environment of a torch worker process (``tests.support.processes.child_env``: this
+    SDK first on PYTHONPATH, none of the caller's cluster variables) with ``threads`` compute
+    threads and no GPU."""
+    return child_env(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
 
 
 def launch(args: argparse.Namespace) -> None:
