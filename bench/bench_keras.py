@@ -108,8 +108,8 @@ def _args() -> argparse.Namespace:
 def torch_job(args: argparse.Namespace, nworkers: int, loops: tuple[str, ...]) -> list[dict]:
     """Run this script's worker in ``nworkers`` processes timing ``loops``; their results."""
     ports = free_ports(nworkers)
-    forwarded = list(sys.argv[1:])
-    if args.tensorflow:
+    forwarded = [a for a in sys.argv[1:] if not a.startswith("--tensorflow=")]
+    if "--tensorflow" in forwarded:  # the workers run torch only
         i = forwarded.index("--tensorflow")
         del forwarded[i : i + 2]
     job = [
