@@ -99,6 +99,8 @@ def _args() -> argparse.Namespace:
         )
     if args.global_batch % args.nworkers:
         p.error(f"--global-batch {args.global_batch} does not split over {args.nworkers} workers")
+    if args.tensorflow and not (Path(args.tensorflow) / "bin" / "python").exists():
+        p.error(f"--tensorflow {args.tensorflow}: no bin/python there (see bench/README.md)")
     if steps_per_window(args.examples, args.global_batch, args.epochs) < 2:
         p.error("a window needs at least 2 steps: raise --examples or --epochs")
     return args
