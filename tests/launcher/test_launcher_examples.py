@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -143,6 +144,22 @@ def test_parameter_server_example(tmp_path):
     assert "[chief-0] chief-0: test accuracy" in result.stdout
     assert "strategyjob: job digits-ps succeeded in" in result.stdout
     assert "strategyjob:   last progress report: step 90/90 (100%) loss=" in result.stdout
+
+
+def test_keras_example(tmp_path):
+    """Keras fit of a model built in the scope: the global figures on both workers, training
+    that learns, the model saved once (by worker 0) and loadable."""
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("needs the keras extra (pip install 'strategyjob[keras]')")
+    result = run(prepared_example("digits_keras", tmp_path, epochs=3))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    worker0 = epochs_of(result.stdout, "[worker-0]")
+    assert [row[0] for row in worker0] == [1, 2, 3]
+    assert worker0 == epochs_of(result.stdout, "[worker-1]")  # global, not local, figures
+    assert worker0[-1][2] < worker0[0][2]  # the loss falls
+    assert worker0[-1][4] > 0.85  # test accuracy
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["model.keras"]
+    assert "strategyjob: job digits-keras succeeded in" in result.stdout
 
 
 @pytest.mark.parametrize("name", ["digits_mwms", "digits_ps", "digits_central_storage"])

@@ -101,6 +101,90 @@ def rows_computed(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     return {"seen": model.seen}
 
 
+def classification(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """class_weight, validation_split and accuracy, against plain Keras on the global batch."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(14, FEATURES)).astype("float32")
+    y = rng.integers(0, 3, size=14)
+    layers = [keras.Input((FEATURES,)), keras.layers.Dense(3)]
+    with strategy.scope():
+        model = keras.Sequential(layers)
+    reference = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(3)])
+    reference.set_weights(model.get_weights())
+    kwargs = dict(
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_split=0.25,
+        class_weight={0: 1.0, 1: 3.0, 2: 0.5},
+    )
+    histories = []
+    for m in (model, reference):
+        m.compile(
+            optimizer=keras.optimizers.SGD(0.3, momentum=0.5),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        histories.append(m.fit(x, y, **kwargs).history)
+    return {
+        "cls_history": histories[0],
+        "cls_ref_history": histories[1],
+        "cls_weights_diff": _max_diff(model.get_weights(), reference.get_weights()),
+    }
+
+
+def data_loader_rows(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """A shuffling torch DataLoader of the global batch: each worker trains on its rows."""
+    x = torch.arange(ROWS, dtype=torch.float32)[:, None].repeat(1, FEATURES)
+    dataset = torch.utils.data.TensorDataset(x, torch.zeros(ROWS, 2))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True)
+    with strategy.scope():
+        model = RowRecorder(_layers())
+    model.seen = []
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(loader, epochs=2, verbose=0)
+    return {"loader_seen": model.seen}
+
+
+def two_inputs_two_outputs(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """A functional model with a dict of inputs and two outputs: fit and predict against
+    plain Keras (every output's rows, in order)."""
+    rng = np.random.default_rng(13)
+    x = {
+        "a": rng.normal(size=(ROWS, 2)).astype("float32"),
+        "b": rng.normal(size=(ROWS, 1)).astype("float32"),
+    }
+    y = (rng.normal(size=(ROWS, 1)).astype("float32"), rng.normal(size=(ROWS, 2)).astype("float32"))
+
+    def build() -> keras.Model:
+        a, b = keras.Input((2,), name="a"), keras.Input((1,), name="b")
+        hidden = keras.layers.Dense(4, activation="tanh")(keras.layers.Concatenate()([a, b]))
+        outputs = [
+            keras.layers.Dense(1, name="first")(hidden),
+            keras.layers.Dense(2, name="second")(hidden),
+        ]
+        return keras.Model({"a": a, "b": b}, outputs)
+
+    with strategy.scope():
+        model = build()
+    reference = build()
+    reference.set_weights(model.get_weights())
+    results = []
+    for m in (model, reference):
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss=["mse", "mae"], loss_weights=[1.0, 0.5])
+        history = m.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+        first, second = m.predict(x, batch_size=BATCH, verbose=0)
+        results.append((history, first.tolist(), second.tolist(), m.get_weights()))
+    return {
+        "multi_history": results[0][0],
+        "multi_ref_history": results[1][0],
+        "multi_predict": results[0][1:3],
+        "multi_ref_predict": results[1][1:3],
+        "multi_weights_diff": _max_diff(results[0][3], results[1][3]),
+    }
+
+
 def saving(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     """model.save, save_weights and ModelCheckpoint into a directory both workers share."""
     shared = Path(os.environ["KERAS_SAVE_DIR"])
@@ -124,12 +208,29 @@ def saving(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
     }
 
 
+def batch_norm(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
+    """A model with moving statistics, trained on different rows per worker: every worker
+    ends with the same weights, moving mean and variance included."""
+    x = np.random.default_rng(5).normal(size=(16, FEATURES)).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.BatchNormalization(), keras.layers.Dense(2)]
+        )
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(x, x[:, :2], batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return {"bn_weights": [w.tolist() for w in model.get_weights()]}
+
+
 def main() -> None:
     strategy = sj.MultiWorkerMirroredStrategy()
-    result = {"worker": strategy.cluster_resolver.task_id}
+    result = {"worker": strategy.cluster_resolver.task_id, "keras": keras.__version__}
     result.update(fit_evaluate_predict(strategy))
     result.update(rows_computed(strategy))
     result.update(saving(strategy))
+    result.update(batch_norm(strategy))
+    result.update(classification(strategy))
+    result.update(data_loader_rows(strategy))
+    result.update(two_inputs_two_outputs(strategy))
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -22,6 +22,7 @@ pytestmark = [
 ]
 
 WORKER = Path(__file__).resolve().parent / "keras_worker.py"
+BACKUP_WORKER = Path(__file__).resolve().parent / "keras_backup_worker.py"
 ROWS = 9  # keras_worker.ROWS: global batches of 4, 4 and 1 rows
 TIGHT = dict(rel=1e-5, abs=1e-6)
 
@@ -75,10 +76,33 @@ def test_evaluate_and_predict_match_one_process(results: list[dict]) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_shuffled_fit_splits_every_global_batch(results: list[dict]) -> None:
+def test_class_weight_and_validation_split_match_one_process(results: list[dict]) -> None:
+    for r in results:
+        assert r["cls_weights_diff"] < 1e-5
+        assert r["cls_history"].keys() == r["cls_ref_history"].keys()
+        for name, values in r["cls_history"].items():
+            assert values == pytest.approx(r["cls_ref_history"][name], **TIGHT), name
+
+
+@pytest.mark.timeout(150)
+def test_dict_inputs_and_two_outputs_match_one_process(results: list[dict]) -> None:
+    for r in results:
+        assert r["multi_weights_diff"] < 1e-5
+        for name, values in r["multi_history"].items():
+            assert values == pytest.approx(r["multi_ref_history"][name], **TIGHT), name
+        for output, ref_output in zip(r["multi_predict"], r["multi_ref_predict"]):
+            assert len(output) == ROWS
+            for row, ref_row in zip(output, ref_output):
+                assert row == pytest.approx(ref_row, **TIGHT)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("key", ["seen", "loader_seen"], ids=["arrays", "dataloader"])
+def test_shuffled_fit_splits_every_global_batch(results: list[dict], key: str) -> None:
     """Each epoch (batches of 4, 4, 1), worker 0 trains on 2 + 2 + 1 rows and worker 1 on
-    2 + 2 + 0: together every row once, though each worker holds all the data and shuffles."""
-    seen = [r["seen"] for r in results]
+    2 + 2 + 0: together every row once, though each worker holds all the data and shuffles
+    (arrays, or a torch DataLoader of the global batch)."""
+    seen = [r[key] for r in results]
     assert [len(s) for s in seen] == [10, 8]
     for epoch in range(2):
         rows = seen[0][epoch * 5 : epoch * 5 + 5] + seen[1][epoch * 4 : epoch * 4 + 4]
@@ -95,3 +119,48 @@ def test_saves_are_written_once_by_the_chief(results: list[dict], scratch: Path)
         assert r["loaded_diff"] == 0.0
         assert r["checkpoint_diff"] == 0.0
     assert not [p.name for p in (scratch / "tmp").iterdir() if p.name.startswith("strategyjob")]
+
+
+@pytest.mark.timeout(150)
+def test_moving_statistics_stay_the_same_on_every_worker(results: list[dict]) -> None:
+    """BatchNormalization's moving mean and variance, updated from each worker's own rows,
+    take the workers' mean after each step (TF's MEAN-aggregated mirrored variables)."""
+    chief, other = results
+    assert chief["bn_weights"] == other["bn_weights"]
+    moving_mean = chief["bn_weights"][2]
+    assert any(value != 0.0 for value in moving_mean)  # they were updated
+
+
+@pytest.mark.timeout(200)
+def test_backup_and_restore_resumes_an_interrupted_job(tmp_path: Path) -> None:
+    """BackupAndRestore on storage both workers share: a job that fails as epoch 3 begins
+    leaves the chief's backup of epoch 2; run again, every worker resumes at epoch 3 with the
+    same model, and the backup directory is removed at the end (once: no worker's cleanup
+    fails on the other's), as are the other worker's temporary backups."""
+    shared, scratch = tmp_path / "backup", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"KERAS_BACKEND": "torch", "KERAS_SAVE_DIR": str(shared), "TMPDIR": str(scratch)}
+    phases = []
+    for interrupt in ("1", ""):
+        runs = run_tasks(
+            [sys.executable, str(BACKUP_WORKER)],
+            cluster_of(2),
+            timeout=90,
+            extra_env={**env, "INTERRUPT": interrupt},
+        )
+        for run in runs:
+            assert run.returncode == 0, f"{run.task} exited {run.returncode}:\n{run.output[-4000:]}"
+        phases.append([run.result for run in runs])
+        if interrupt:
+            assert sorted(p.name for p in shared.iterdir()) == [
+                "latest.weights.h5",
+                "training_metadata.json",
+            ]
+    interrupted, resumed = phases
+    for r in interrupted:
+        assert (r["interrupted"], r["epochs"]) == (True, [0, 1])
+    for r in resumed:
+        assert (r["interrupted"], r["epochs"]) == (False, [2, 3])
+    assert resumed[0]["weights"] == resumed[1]["weights"]
+    assert not shared.exists()
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("strategyjob")]

@@ -15,19 +15,23 @@ Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBin
   ``rows * workers / global_rows`` (through the optimizer's ``scale_loss``, on the instance,
   for the step), so that the gradients ``grad_sync`` averages over the workers are those of
   Keras's loss on the whole global batch, uneven last batch and sample weights included; a
-  worker with no row takes part with zero gradients and the same optimizer update;
+  worker with no row takes part with zero gradients and the same optimizer update; float
+  non-trainable weights (BatchNormalization's moving statistics) then take the workers' mean;
 * ``test_step`` / ``predict_step``: the worker's rows; ``predict_step`` gathers the outputs
   of every worker in worker order, which is row order;
 * ``get_metrics_result``: reads the metrics with their variables summed over the workers
   (TF's sync-on-read metric variables), so logs, history, the progress bar and ``evaluate``
   give the global figures, the same on every worker;
 * ``save`` / ``save_weights``: the chief writes, the others write to a temporary directory
-  that is removed (TF's Keras), then every worker waits for the chief's file.
+  that is removed (TF's Keras), then every worker waits for the chief's file; in ``fit`` on
+  those workers, ``BackupAndRestore`` restores from the shared directory and backs up into a
+  temporary one (``_callbacks``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -38,6 +42,7 @@ import torch
 
 import strategyjob
 from strategyjob._reduce import ReduceOp
+from strategyjob.keras import _callbacks
 from strategyjob.keras._backend import check_keras_version
 from strategyjob.keras._split import local_rows
 from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
@@ -177,10 +182,21 @@ class MultiWorkerBinding:
                 if name != "fit":
                     return method(self._model, *args, **kwargs)
                 with self._same_random_order():
-                    return method(self._model, *args, **kwargs)
+                    return self._fit(method, args, kwargs)
 
         in_scope.__doc__ = method.__doc__
         return in_scope
+
+    def _fit(self, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """The class's ``fit``; on a worker other than the chief, with the callbacks that write
+        files in their worker form (``_callbacks``), writing to a directory removed after."""
+        bound = inspect.signature(method).bind(self._model, *args, **kwargs)
+        callbacks = bound.arguments.get("callbacks")
+        if self._strategy.extended.should_checkpoint or not isinstance(callbacks, (list, tuple)):
+            return method(*bound.args, **bound.kwargs)
+        with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
+            bound.arguments["callbacks"] = _callbacks.for_worker(callbacks, scratch)
+            return method(*bound.args, **bound.kwargs)
 
     def _chief_writes(self, name: str) -> Callable[..., Any]:
         """``save`` / ``save_weights`` (and so ``ModelCheckpoint`` and ``BackupAndRestore``'s
@@ -249,7 +265,29 @@ class MultiWorkerBinding:
 
     def train_step(self, data: Any) -> dict[str, Any]:
         self._run_locally(self._train_my_rows, data)
+        self._average_moving_statistics()
         return self.get_metrics_result()
+
+    def _average_moving_statistics(self) -> None:
+        """Non-trainable float weights a step updates (BatchNormalization's moving mean and
+        variance) take the mean of the workers' new values, as TF's MEAN-aggregated mirrored
+        variables do, so that every worker keeps the same model. One all-reduce per step,
+        only for models that have such weights."""
+        weights = [
+            v
+            for v in self._model.non_trainable_weights
+            if v.value.dtype.is_floating_point and v.value.numel()
+        ]
+        if self._workers == 1 or not weights:
+            return
+        flat = torch.cat([_cpu_float64(v.value) for v in weights])
+        (total,) = self._collectives.all_reduce([flat], ReduceOp.SUM)
+        offset = 0
+        for v in weights:
+            size = v.value.numel()
+            mean = total[offset : offset + size].reshape(v.value.shape) / self._workers
+            v.assign(mean.to(v.value.device, v.value.dtype))
+            offset += size
 
     def _train_my_rows(self, data: Any) -> None:
         model = self._model

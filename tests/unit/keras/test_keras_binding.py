@@ -150,3 +150,19 @@ def test_strategyjob_makes_torch_the_default_backend_and_imports_no_keras() -> N
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["torch", "False"]
+
+
+def test_a_batch_is_sliced_in_every_array_it_holds(keras) -> None:  # type: ignore[no-untyped-def]
+    """Dicts, tuples and lists of inputs, targets and sample weights: every array whose first
+    dimension is the batch's rows is cut; None and other values pass as they are."""
+    import torch
+    from strategyjob.keras import _binding
+
+    batch = ({"a": torch.arange(6).reshape(3, 2), "b": torch.arange(3)}, [torch.ones(3)], None)
+    assert _binding._rows(batch) == 3
+    (x, y, weights) = _binding._slice(batch, 1, 3, 3)
+    assert x["a"].tolist() == [[2, 3], [4, 5]] and x["b"].tolist() == [1, 2]
+    assert y[0].tolist() == [1.0, 1.0] and weights is None
+    assert _binding._slice((torch.zeros(5), torch.zeros(2)), 0, 1, 5)[1].shape == (2,)
+    with pytest.raises(ValueError, match="holds no array"):
+        _binding._rows((None, 3))
