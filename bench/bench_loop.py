@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import os
 import pstats
 import statistics
 import sys
@@ -37,7 +36,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mwms import SDK, _results, _spawn_all, _window_rates, run_tensorflow
+from bench_mwms import (
+    _results,
+    _spawn_all,
+    _window_rates,
+    run_tensorflow,
+    set_tf_config,
+    sgd_step_fn,
+    worker_env,
+)
 from strategyjob.launcher import free_ports
 
 LOOPS = ("dataset", "fn", "exp_fn", "ddp")
@@ -64,10 +71,7 @@ def _args() -> argparse.Namespace:
 
 def launch(args: argparse.Namespace) -> None:
     ports = free_ports(args.nworkers)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
-    for key in ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        env.pop(key, None)
+    env = worker_env(args.threads)
     port_arg = ",".join(map(str, ports))
     forwarded = list(sys.argv[1:])
     if args.tensorflow:
@@ -158,10 +162,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     n, rank = args.nworkers, args.rank
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in args.ports.split(",")]}
-    os.environ["TF_CONFIG"] = json.dumps(
-        {"cluster": cluster, "task": {"type": "worker", "index": rank}}
-    )
+    set_tf_config(args)
     loops = args.loops.split(",")
     sj.MultiWorkerMirroredStrategy()  # joins the gloo process group that DDP uses too
 
@@ -193,12 +194,7 @@ def worker(args: argparse.Namespace) -> None:
             model = mlp()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-        def step_fn(x, y):
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss.detach()
+        step_fn = sgd_step_fn(model, opt)
 
         def run(batch):
             return strategy.run(step_fn, args=batch)

@@ -28,12 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from strategyjob.launcher import free_ports
 
 HERE = Path(__file__).resolve().parent
-SDK = HERE.parent / "sdk"
+sys.path.insert(0, str(HERE.parent))  # tests.support: shared test and benchmark tooling
+from tests.support.processes import SDK as SDK  # noqa: E402  (bench_checkpoint uses it)
+from tests.support.processes import child_env  # noqa: E402
 
 
 def _args() -> argparse.Namespace:
@@ -102,12 +106,16 @@ def _window_rates(results: list[dict], key: str) -> list[float]:
     return [statistics.fmean(w) for w in zip(*per_rank)]
 
 
+def worker_env(threads: int) -> dict[str, str]:
+    """The environment of a torch worker process (``tests.support.processes.child_env``: this
+    SDK first on PYTHONPATH, none of the caller's cluster variables) with ``threads`` compute
+    threads and no GPU."""
+    return child_env(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
+
+
 def launch(args: argparse.Namespace) -> None:
     ports = free_ports(args.nworkers + 1)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SDK), env.get("PYTHONPATH")]))
-    for key in ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
-        env.pop(key, None)
+    env = worker_env(args.threads)
     forwarded = [a for a in sys.argv[1:]]
     if args.tensorflow:
         i = forwarded.index("--tensorflow")
@@ -158,9 +166,10 @@ def launch(args: argparse.Namespace) -> None:
     )
 
 
-def run_tensorflow(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> float:
-    """Run bench/tf_mwms_reference.py on every worker (``extra``: more of its options);
-    print and return TF's steps/s."""
+def run_tensorflow_workers(args: argparse.Namespace, script: str, options: list[str]) -> list[dict]:
+    """Run ``bench/SCRIPT OPTIONS`` with ``VENV/bin/python`` (``args.tensorflow``) once per
+    worker (``args.nworkers``), TF_CONFIG set for each on 127.0.0.1; their RESULT lines.
+    ``--threads``, ``--global-batch`` and ``--warmup`` come from ``args``."""
     python = Path(args.tensorflow) / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"--tensorflow {args.tensorflow}: {python} does not exist (see README)")
@@ -170,20 +179,23 @@ def run_tensorflow(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> flo
     for i in range(args.nworkers):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
         env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        cmd = [
-            str(python),
-            str(HERE / "tf_mwms_reference.py"),
-            f"--threads={args.threads}",
-            f"--global-batch={args.global_batch}",
-            f"--warmup={args.warmup}",
-            f"--steps={args.steps * args.rounds}",
-            f"--ar-floats={args.ar_floats}",
-            f"--ar-iters={args.ar_iters}",
-            *extra,
-        ]
-        commands.append((cmd, env))
+        common = [f"--threads={args.threads}", f"--global-batch={args.global_batch}"]
+        common.append(f"--warmup={args.warmup}")
+        commands.append(([str(python), str(HERE / script), *common, *options], env))
+    return _results(_spawn_all(commands, args.timeout))
+
+
+def run_tensorflow(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> float:
+    """Run bench/tf_mwms_reference.py on every worker (``extra``: more of its options);
+    print and return TF's steps/s."""
+    options = [
+        f"--steps={args.steps * args.rounds}",
+        f"--ar-floats={args.ar_floats}",
+        f"--ar-iters={args.ar_iters}",
+        *extra,
+    ]
     print("tensorflow: MultiWorkerMirroredStrategy (RING), same workload", flush=True)
-    results = _results(_spawn_all(commands, args.timeout))
+    results = run_tensorflow_workers(args, "tf_mwms_reference.py", options)
     sps = statistics.fmean(r["steps_per_s"] for r in results)
     ar = statistics.fmean(r["ar_med_s"] for r in results)
     nbytes = args.ar_floats * 4
@@ -193,6 +205,29 @@ def run_tensorflow(args: argparse.Namespace, extra: tuple[str, ...] = ()) -> flo
 
 
 # ------------------------------------------------------------------------------------- worker
+def sgd_step_fn(model: Any, optimizer: Any) -> Callable[[Any, Any], Any]:
+    """The README's ``step_fn``: zero_grad, cross-entropy, backward, step; the loss returned."""
+    import torch.nn.functional as F
+
+    def step_fn(x: Any, y: Any) -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return step_fn
+
+
+def set_tf_config(args: argparse.Namespace) -> None:
+    """TF_CONFIG of worker ``args.rank`` of ``args.nworkers``, on the first of ``args.ports``."""
+    ports = args.ports.split(",")[: args.nworkers]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": args.rank}}
+    )
+
+
 def worker(args: argparse.Namespace) -> None:
     import strategyjob as sj
     import torch
@@ -202,12 +237,8 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(args.threads)
-    ports = [int(p) for p in args.ports.split(",")]
     n, rank = args.nworkers, args.rank
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:n]]}
-    os.environ["TF_CONFIG"] = json.dumps(
-        {"cluster": cluster, "task": {"type": "worker", "index": rank}}
-    )
+    set_tf_config(args)
     strategy = sj.MultiWorkerMirroredStrategy()  # initialises the gloo process group
 
     def mlp() -> nn.Module:
@@ -226,12 +257,7 @@ def worker(args: argparse.Namespace) -> None:
         model = mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    def step_fn(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xb), yb)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+    step_fn = sgd_step_fn(model, opt)
 
     def sdk_step() -> torch.Tensor:
         loss = strategy.run(step_fn, args=(x, y))
