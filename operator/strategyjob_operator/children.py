@@ -424,7 +424,11 @@ def build_pod(
     priority_class = job.run_policy.scheduling_policy.priority_class
     if priority_class and not pod_spec.get("priorityClassName"):
         pod_spec["priorityClassName"] = priority_class
-    if not pod_spec.get("serviceAccountName") and not pod_spec.get("serviceAccount"):
+    # A TFJob's pods run as training-operator's do: as the template says, else as the
+    # namespace's default ServiceAccount, whose image pull secrets and cloud identity the
+    # manifest may rely on (so progress reports need the job's account named in the template).
+    named = pod_spec.get("serviceAccountName") or pod_spec.get("serviceAccount")
+    if tfjob is None and not named:
         pod_spec["serviceAccountName"] = service_account_name(job)
 
     # edited in place: the container's own dict inside pod_spec (a deep copy of the template)

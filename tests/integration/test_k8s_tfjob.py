@@ -110,6 +110,10 @@ def test_kubeflow_examples_get_training_operators_pods_services_and_tf_config(
         )
         assert owner["controller"] is True
 
+        # the namespace's default account, as under training-operator (image pull secrets)
+        assert "serviceAccountName" not in pod["spec"] or pod["spec"]["serviceAccountName"] == (
+            "default"
+        )
         # Kubeflow's images run as root: no runAsNonRoot default, the others stay
         assert "runAsNonRoot" not in pod["spec"]["securityContext"]
         assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
