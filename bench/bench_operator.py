@@ -744,23 +744,15 @@ def main() -> int:
         "an earlier commit), then this tree's; the last line is baseline/this",
     )
     args = parser.parse_args()
-    if args.served_tfjobs:
+    if args.served_tfjobs or args.resync:
         bin_dir, why = cp_mod.find_binaries()
         if bin_dir is None:
             print(f"cannot run: {why}", file=sys.stderr)
             return 2
         cp = cp_mod.ControlPlane(bin_dir).start()
         try:
-            return run_served_tfjobs(Api(cp), cp, args.rounds)
-        finally:
-            cp.stop()
-    if args.resync:
-        bin_dir, why = cp_mod.find_binaries()
-        if bin_dir is None:
-            print(f"cannot run: {why}", file=sys.stderr)
-            return 2
-        cp = cp_mod.ControlPlane(bin_dir).start()
-        try:
+            if args.served_tfjobs:
+                return run_served_tfjobs(Api(cp), cp, args.rounds)
             cp.kubectl("apply", "-f", str(ROOT / "crds"))
             wait_established(cp, "strategyjobs.strategyjob.dev")
             api = Api(cp)
