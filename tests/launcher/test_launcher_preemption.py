@@ -289,10 +289,12 @@ KERAS_WORKER = Path(__file__).resolve().parents[1] / "multiprocess" / "keras_res
     importlib.util.find_spec("keras") is None,
     reason="needs the keras extra (pip install 'strategyjob[keras]')",
 )
-def test_keras_backup_and_restore_resumes_a_killed_and_restarted_job(tmp_path):
-    """Keras ``fit`` with ``BackupAndRestore`` in a 2-worker job: worker 1 SIGKILLed after the
-    backup of epoch 1, `strategyjob run` (ExitCode: 137 is retried) restarts the whole job,
-    which begins at epoch 2 and ends with the weights of an uninterrupted run."""
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "preempted"])
+def test_keras_backup_and_restore_resumes_a_restarted_job(tmp_path, signum):
+    """Keras ``fit`` with ``BackupAndRestore`` in a 2-worker job: worker 1 SIGKILLed, or sent
+    SIGTERM as a preemption, in the middle of epoch 2; `strategyjob run` (ExitCode: 137 and 143
+    are retried) restarts the whole job, which begins again at epoch 2, after the last
+    backed-up epoch, and ends with the weights of an uninterrupted run."""
     out = tmp_path / "out"
     out.mkdir()
     command = [sys.executable, str(KERAS_WORKER), str(out)]
@@ -303,21 +305,21 @@ def test_keras_backup_and_restore_resumes_a_killed_and_restarted_job(tmp_path):
             runPolicy={"backoffLimit": 1},
         ),
     )
-    env = {"KERAS_BACKEND": "torch"}
-    launcher = _launch(path, env=env)
+    launcher = _launch(path, env={"KERAS_BACKEND": "torch"})
     try:
         _wait_for([out / "blocked-pid"], launcher, timeout=120)
-        os.kill(int((out / "blocked-pid").read_text()), signal.SIGKILL)
+        os.kill(int((out / "blocked-pid").read_text()), signum)
         output = _finish(launcher, timeout=180)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
     assert launcher.returncode == 0, output[-6000:]
-    assert "worker-1 was killed by SIGKILL (exit code 137)" in output, output[-6000:]
+    name = signal.Signals(signum).name
+    assert f"worker-1 was killed by {name} (exit code {128 + signum})" in output, output[-6000:]
     for rank in (0, 1):
         results = _results(output, rank)
-        assert len(results) == 1, output[-6000:]  # the first run printed none: killed mid-fit
-        assert results[0]["epochs"] == [2, 3]  # resumed after the last backed-up epoch
+        assert len(results) == 1, output[-6000:]  # the first run printed none: stopped mid-fit
+        assert results[0]["epochs"] == [2, 3]  # epoch 2 again: its first batches not kept
         assert results[0]["weights_diff"] < 1e-5
     assert not (out / "backup").exists()  # the chief removes the backup when fit ends

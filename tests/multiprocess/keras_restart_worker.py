@@ -1,7 +1,8 @@
 """One replica of a 2-worker MultiWorkerMirroredStrategy job under ``strategyjob run``, fitting
 with ``BackupAndRestore`` on a directory both workers share. In the job's first run, worker 1
-stops after the backup of epoch ``KILL_AFTER`` and writes its pid (``OUT/blocked-pid``) for the
-test to SIGKILL it; the launcher restarts the whole job, which resumes after that epoch. The
+stops in the middle of epoch ``STOP_IN`` (after its batch 1) and writes its pid
+(``OUT/blocked-pid``) for the test to signal it (SIGKILL, or SIGTERM as a preemption); the
+launcher restarts the whole job, which resumes after the last completed, backed-up epoch. The
 result compares the weights with plain Keras fit uninterrupted on one process.
 
 ``python keras_restart_worker.py OUT`` prints one ``RESULT {json}`` line when fit ends.
@@ -23,26 +24,31 @@ import torch
 torch.set_num_threads(1)
 
 OUT = Path(sys.argv[1])
-KILL_AFTER, EPOCHS = 1, 4  # epochs 0-based: killed after the backup of epoch 1 of 0..3
+STOP_IN, EPOCHS = 2, 4  # epochs 0-based: stopped within epoch 2 of 0..3 (4 batches each)
 
 
-class KilledOnce(keras.callbacks.Callback):
-    """Worker 1, first run: after the epoch's backup, wait to be killed (60 s at most)."""
+class StoppedOnce(keras.callbacks.Callback):
+    """Worker 1, first run: after batch 1 of epoch ``STOP_IN``, wait for the test's signal
+    (60 s at most)."""
 
     def __init__(self, worker: int) -> None:
         super().__init__()
         self.worker = worker
+        self.epoch = -1
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         marker = OUT / "blocked-pid"
-        if self.worker != 1 or epoch != KILL_AFTER or marker.exists():
+        if self.worker != 1 or (self.epoch, batch) != (STOP_IN, 1) or marker.exists():
             return
         (OUT / "blocked-pid.tmp").write_text(str(os.getpid()))
         os.rename(OUT / "blocked-pid.tmp", marker)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.05)
-        raise SystemExit("not killed within 60 s")
+        raise SystemExit("not signalled within 60 s")
 
 
 class Epochs(keras.callbacks.Callback):
@@ -71,7 +77,7 @@ def main() -> None:
     epochs = Epochs()
     backup = keras.callbacks.BackupAndRestore(str(OUT / "backup"))
     fit = dict(batch_size=4, epochs=EPOCHS, shuffle=False, verbose=0)
-    model.fit(x, y, callbacks=[backup, KilledOnce(worker), epochs], **fit)
+    model.fit(x, y, callbacks=[backup, StoppedOnce(worker), epochs], **fit)
 
     reference = keras.Sequential(_layers())  # plain Keras, one process, never interrupted
     reference.set_weights(initial)

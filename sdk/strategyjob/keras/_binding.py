@@ -188,6 +188,7 @@ class MultiWorkerBinding:
         files in their worker form (``_callbacks``), writing to a directory removed after."""
         bound = inspect.signature(method).bind(self._model, *args, **kwargs)
         callbacks = bound.arguments.get("callbacks")
+        _callbacks.check_backup_frequency(callbacks)
         if self._strategy.extended.should_checkpoint or not isinstance(callbacks, (list, tuple)):
             return method(*bound.args, **bound.kwargs)
         with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
