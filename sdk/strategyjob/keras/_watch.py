@@ -21,6 +21,7 @@ Tested with Keras ``_backend.MIN_KERAS`` to ``_backend.MAX_KERAS`` (``name_scope
 from __future__ import annotations
 
 import sys
+import types
 import weakref
 from typing import Any
 
@@ -89,17 +90,16 @@ def is_captured_metric(metric: Any) -> bool:
 
 def _capture_metric(metric: Any, strategy: Any) -> None:
     """Give ``metric`` (this instance) a ``result`` that sums its variables over the workers
-    when read outside ``strategy.run``; inside ``run`` it reads the local value."""
+    when read outside ``strategy.run``; inside ``run`` it reads the local value. A bound
+    method, so that a deep copy of the metric (which copies it bound to the copy) reads its own
+    variables."""
     if metric in _captured:
         return
     _captured.add(metric)
     read = type(metric).result
     collectives = strategy.extended.collectives
-    ref = weakref.ref(metric)
 
-    def result() -> Any:
-        own = ref()
-        assert own is not None  # called as a method of the live metric
+    def result(own: Any) -> Any:
         local = strategyjob.has_strategy() and strategyjob.get_replica_context() is not None
         if local or reading_summed():
             return read(own)
@@ -107,4 +107,4 @@ def _capture_metric(metric: Any, strategy: Any) -> None:
             return sys.modules["keras"].tree.map_structure(detached_copy, read(own))
 
     result.__doc__ = read.__doc__
-    object.__setattr__(metric, "result", result)
+    object.__setattr__(metric, "result", types.MethodType(result, metric))
