@@ -5,6 +5,7 @@ running the job again resumes there; exit code 143 is retried by the ExitCode po
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -32,8 +33,8 @@ PREEMPTION_EXIT_CODE = 143  # strategyjob.train.preemption's (torch-free here)
 pytestmark = pytest.mark.timeout(300)
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SDK), env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -65,13 +66,13 @@ def _write(directory: Path, manifest: dict) -> Path:
     return path
 
 
-def _launch(path: Path, *extra: str) -> subprocess.Popen[str]:
+def _launch(path: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "strategyjob", "run", str(path), "--no-status", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=_env(),
+        env=_env(env),
     )
 
 
@@ -279,3 +280,46 @@ def test_sigterm_to_the_launcher_saves_once_and_a_new_run_resumes(tmp_path):
     for rank in (0, 1):
         (result,) = _results(output, rank)
         assert result["first"] == saved and result["ran"] == [saved, saved + 1]
+
+
+KERAS_WORKER = Path(__file__).resolve().parents[1] / "multiprocess" / "keras_restart_worker.py"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("keras") is None,
+    reason="needs the keras extra (pip install 'strategyjob[keras]')",
+)
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "preempted"])
+def test_keras_backup_and_restore_resumes_a_restarted_job(tmp_path, signum):
+    """Keras ``fit`` with ``BackupAndRestore`` in a 2-worker job: worker 1 SIGKILLed, or sent
+    SIGTERM as a preemption, in the middle of epoch 2; `strategyjob run` (ExitCode: 137 and 143
+    are retried) restarts the whole job, which begins again at epoch 2, after the last
+    backed-up epoch, and ends with the weights of an uninterrupted run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, str(KERAS_WORKER), str(out)]
+    path = _write(
+        tmp_path,
+        _manifest(
+            {"worker": _replica(command, replicas=2, grace=5, restartPolicy="ExitCode")},
+            runPolicy={"backoffLimit": 1},
+        ),
+    )
+    launcher = _launch(path, env={"KERAS_BACKEND": "torch"})
+    try:
+        _wait_for([out / "blocked-pid"], launcher, timeout=120)
+        os.kill(int((out / "blocked-pid").read_text()), signum)
+        output = _finish(launcher, timeout=180)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0, output[-6000:]
+    name = signal.Signals(signum).name
+    assert f"worker-1 was killed by {name} (exit code {128 + signum})" in output, output[-6000:]
+    for rank in (0, 1):
+        results = _results(output, rank)
+        assert len(results) == 1, output[-6000:]  # the first run printed none: stopped mid-fit
+        assert results[0]["epochs"] == [2, 3]  # epoch 2 again: its first batches not kept
+        assert results[0]["weights_diff"] < 1e-5
+    assert not (out / "backup").exists()  # the chief removes the backup when fit ends

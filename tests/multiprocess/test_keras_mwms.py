@@ -1,6 +1,8 @@
 """Keras 3 ``fit`` / ``evaluate`` / ``predict`` of a model built in a 2-worker
 MultiWorkerMirroredStrategy's scope (gloo), against plain Keras on the whole global batch in the
-same process: same weights, history, metrics and predictions on every worker, the work split."""
+same process: same weights, history, metrics and predictions on every worker, the work split;
+``keras.metrics`` in a custom loop read globally outside ``strategy.run``; a model built outside
+every scope refused in one."""
 
 from __future__ import annotations
 
@@ -164,3 +166,41 @@ def test_backup_and_restore_resumes_an_interrupted_job(tmp_path: Path) -> None:
     assert resumed[0]["weights"] == resumed[1]["weights"]
     assert not shared.exists()
     assert not [p.name for p in scratch.iterdir() if p.name.startswith("strategyjob")]
+
+
+# --- keras.metrics in a custom loop (sync-on-read); a model built outside every scope ---
+METRICS_WORKER = Path(__file__).resolve().parent / "keras_metrics_worker.py"
+
+
+@pytest.fixture(scope="module")
+def metrics_results() -> list[dict]:
+    """``keras_metrics_worker``: metrics in a custom loop, a model built outside scope."""
+    env = {"KERAS_BACKEND": "torch"}
+    runs = run_tasks(
+        [sys.executable, str(METRICS_WORKER)], cluster_of(2), timeout=90, extra_env=env
+    )
+    for run in runs:
+        assert run.returncode == 0, f"{run.task} exited {run.returncode}:\n{run.output[-4000:]}"
+    return sorted((run.result for run in runs), key=lambda r: r["worker"])
+
+
+@pytest.mark.timeout(120)
+def test_metric_result_is_global_outside_run(metrics_results: list[dict]) -> None:
+    for r in metrics_results:
+        for epoch in range(2):  # reset_state between epochs: each epoch's own global value
+            assert r["in_scope"][epoch] == pytest.approx(r["reference"][epoch], abs=1e-6)
+            assert r["outside"][epoch] == pytest.approx(r["reference"][epoch], abs=1e-6)
+            assert r["mean"][epoch] == pytest.approx([r["ref_mean"][epoch]], abs=1e-6)
+        assert r["local_kept"]  # a read leaves each worker's own counts in the variables
+    # inside run each worker reads its own rows: 5 and 4 rows give different accuracies here
+    assert metrics_results[0]["in_run"] != metrics_results[1]["in_run"]
+    assert metrics_results[0]["in_run"][0] != metrics_results[0]["reference"][0]
+
+
+@pytest.mark.timeout(120)
+def test_model_built_outside_scope_is_refused_in_scope(metrics_results: list[dict]) -> None:
+    for r in metrics_results:
+        assert r["outside_error"] is not None
+        assert "built outside every strategy's scope" in r["outside_error"]
+        assert "inside `with strategy.scope():`" in r["outside_error"]
+        assert len(r["inside_loss"]) == 1  # a model built in scope fits as before

@@ -13,6 +13,9 @@ What each strategy does with a bound model:
   batch, each worker computes its own slice, gradients are averaged over the global batch
   before the Keras optimizer applies them, metrics are summed over the workers when read, and
   ``predict`` returns every row on every worker (see ``_binding``);
+* ``keras.metrics`` created in a MultiWorkerMirroredStrategy's scope read their global value
+  outside ``strategy.run``, and a Keras model built outside every scope is refused when called
+  in one (``_watch``);
 * any other strategy: ``compile`` / ``fit`` / ``evaluate`` / ``predict`` raise one error naming
   what is not supported and the alternative.
 
@@ -29,9 +32,11 @@ from strategyjob.keras._backend import (
     check_keras_backend,
 )
 from strategyjob.keras._capture import on_module_in_scope, strategy_of
+from strategyjob.keras._watch import watch_name_scopes
 from strategyjob.strategies.base import add_scope_entry_check
 
 __all__ = ["MAX_KERAS", "MIN_KERAS", "strategy_of"]
 
 add_scope_entry_check(check_keras_backend)
+add_scope_entry_check(watch_name_scopes)
 grad_sync.observe_modules_in_scope(on_module_in_scope)

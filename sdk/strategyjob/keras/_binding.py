@@ -45,6 +45,7 @@ from strategyjob._reduce import ReduceOp
 from strategyjob.keras import _callbacks
 from strategyjob.keras._backend import check_keras_version
 from strategyjob.keras._split import local_rows
+from strategyjob.keras._sync_on_read import cpu_float64, detached_copy, summed
 from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from strategyjob.strategies.one_device import OneDeviceStrategy
 
@@ -124,11 +125,6 @@ def _slice(data: Any, start: int, stop: int, rows: int) -> Any:
     return data
 
 
-def _cpu_float64(value: Any) -> torch.Tensor:
-    tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    return tensor.detach().reshape(-1).to("cpu", torch.float64)
-
-
 @contextlib.contextmanager
 def _scaled_loss(optimizer: Any, factor: float) -> Iterator[None]:
     """For one step, the loss the optimizer hands to ``backward`` is multiplied by ``factor``
@@ -192,6 +188,7 @@ class MultiWorkerBinding:
         files in their worker form (``_callbacks``), writing to a directory removed after."""
         bound = inspect.signature(method).bind(self._model, *args, **kwargs)
         callbacks = bound.arguments.get("callbacks")
+        _callbacks.check_backup_frequency(callbacks)
         if self._strategy.extended.should_checkpoint or not isinstance(callbacks, (list, tuple)):
             return method(*bound.args, **bound.kwargs)
         with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
@@ -280,7 +277,7 @@ class MultiWorkerBinding:
         ]
         if self._workers == 1 or not weights:
             return
-        flat = torch.cat([_cpu_float64(v.value) for v in weights])
+        flat = torch.cat([cpu_float64(v.value) for v in weights])
         (total,) = self._collectives.all_reduce([flat], ReduceOp.SUM)
         offset = 0
         for v in weights:
@@ -340,32 +337,14 @@ class MultiWorkerBinding:
             return output
         return self._collectives.all_gather(output.contiguous(), 0)
 
-    # --- metrics ----------------------------------------------------------------------------
+    # --- metrics ---------------------------------------------------------------------------
     def get_metrics_result(self) -> dict[str, Any]:
         """The metrics' results over every worker: their variables summed across the workers
-        (one all-reduce), read, then given back their local values."""
+        (one all-reduce, ``_sync_on_read``), read, then given back their local values."""
         model = self._model
         read = type(model).get_metrics_result
         if self._local_metrics or self._workers == 1:
             return read(model)
         variables = [v for metric in model.metrics for v in metric.variables]
-        if not variables:
-            return read(model)
-        local = [v.value.detach().clone() for v in variables]
-        flat = torch.cat([_cpu_float64(t) for t in local])
-        (total,) = self._collectives.all_reduce([flat], ReduceOp.SUM)
-        offset = 0
-        try:
-            for v, value in zip(variables, local):
-                part = total[offset : offset + value.numel()].reshape(value.shape)
-                v.assign(part.to(value.device, value.dtype))
-                offset += value.numel()
-            return keras.tree.map_structure(_detached_copy, read(model))
-        finally:
-            for v, value in zip(variables, local):
-                v.assign(value)
-
-
-def _detached_copy(value: Any) -> Any:
-    """A result that cannot alias a metric variable (restored to its local value next)."""
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+        with summed(self._collectives, variables):
+            return keras.tree.map_structure(detached_copy, read(model))

@@ -14,7 +14,14 @@ from typing import Any
 
 import keras
 
-__all__ = ["for_worker"]
+__all__ = ["MID_EPOCH_BACKUP", "check_backup_frequency", "for_worker"]
+
+MID_EPOCH_BACKUP = (
+    "keras.callbacks.BackupAndRestore(save_freq={freq!r}) backs up in the middle of an epoch, "
+    "but Keras 3 resumes such a backup at the start of that epoch, so a restarted or preempted "
+    'job would train on the epoch\'s first batches twice. Use save_freq="epoch" (the default): '
+    "the restarted job resumes after its last completed epoch."
+)
 
 
 class _WorkerBackup(keras.callbacks.Callback):
@@ -59,3 +66,14 @@ def for_worker(callbacks: list[Any] | tuple[Any, ...], scratch: str) -> list[Any
             callback = _WorkerBackup(callback, os.path.join(scratch, f"backup-{i}"))
         result.append(callback)
     return result
+
+
+def check_backup_frequency(callbacks: Any) -> None:
+    """Refuse a ``BackupAndRestore`` saving every N batches: Keras 3 restores the epoch only,
+    not the batch, so resuming its backup would repeat the batches already trained on (TF's
+    Keras 2 skips them; Keras 3 has no way to). ``save_freq=False`` (never backs up) passes."""
+    for callback in callbacks if isinstance(callbacks, (list, tuple)) else ():
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            freq = callback.save_freq
+            if freq not in ("epoch", False):
+                raise ValueError(MID_EPOCH_BACKUP.format(freq=freq))

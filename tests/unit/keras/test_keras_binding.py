@@ -101,6 +101,27 @@ def test_strategies_not_supported_yet_refuse_compile_and_fit(keras, make, name) 
         assert "use MultiWorkerMirroredStrategy" in message
 
 
+def test_a_mid_epoch_backup_is_refused_under_multi_worker_mirrored(keras, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with sj.MultiWorkerMirroredStrategy().scope():
+        model = _model(keras)
+    model.compile(loss="mse")
+    x, y = _data()
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path), save_freq=2)
+    with pytest.raises(ValueError, match=r"save_freq=2\) backs up in the middle of an epoch"):
+        model.fit(x, y, verbose=0, callbacks=[backup])
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_a_model_built_outside_every_scope_is_refused_when_fit_in_one(keras) -> None:  # type: ignore[no-untyped-def]
+    model = _model(keras)
+    model.compile(loss="mse")
+    x, y = _data()
+    with sj.MultiWorkerMirroredStrategy().scope():
+        with pytest.raises(RuntimeError, match="was built outside every strategy's scope"):
+            model.fit(x, y, verbose=0)
+    model.fit(x, y, verbose=0)  # outside every scope: plain Keras, as before
+
+
 def test_jit_compile_is_refused_under_multi_worker_mirrored(keras) -> None:  # type: ignore[no-untyped-def]
     with sj.MultiWorkerMirroredStrategy().scope():
         model = _model(keras)

@@ -1,0 +1,110 @@
+"""What Keras does in a MultiWorkerMirroredStrategy's scope, seen through its name scopes.
+
+Keras has no hook for variable creation, but every Keras variable is created, and every
+layer called, inside ``keras.name_scope(name, caller=obj)``, which pushes itself onto the
+``name_scope_stack`` of Keras's (thread-local) global state. When a strategy's scope is
+entered (and at every ``run``), :func:`watch_name_scopes` makes that stack, on this thread,
+a list that reports each pushed scope's ``caller``; outside a MultiWorkerMirroredStrategy's
+scope the report does nothing. Nothing of Keras's or torch's classes is changed. It sees:
+
+* a ``keras.metrics.Metric`` creating its variables in scope: the metric is captured, and its
+  ``result()`` read outside ``strategy.run`` gives the value over every worker (its variables
+  summed, as TF's sync-on-read metric variables), while its updates stay local;
+* a Keras model built outside every scope being called in scope (by ``fit`` / ``evaluate`` /
+  ``predict`` or directly): refused, since it would repeat the whole work on every worker
+  (TensorFlow 2.21's Keras fails there too, with an ``AssertionError``).
+
+Tested with Keras ``_backend.MIN_KERAS`` to ``_backend.MAX_KERAS`` (``name_scope`` and its
+``caller`` exist in every Keras 3).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import weakref
+from typing import Any
+
+import strategyjob
+from strategyjob.keras._capture import strategy_of
+from strategyjob.keras._sync_on_read import detached_copy, reading_summed, summed
+
+__all__ = ["BUILT_OUTSIDE_SCOPE", "is_captured_metric", "watch_name_scopes"]
+
+BUILT_OUTSIDE_SCOPE = (
+    "The Keras model {name!r} was built outside every strategy's scope, so "
+    "MultiWorkerMirroredStrategy does not distribute it: training or calling it in "
+    "strategy.scope() would repeat the whole work on every worker. Build the model (with its "
+    "input shape, so that its weights are created) inside `with strategy.scope():`."
+)
+
+_captured: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+class _WatchedStack(list):  # type: ignore[type-arg]
+    """Keras's name-scope stack for one thread, reporting each scope pushed onto it."""
+
+    def append(self, entry: Any) -> None:
+        caller = getattr(entry, "caller", None)
+        if caller is not None:
+            _on_name_scope(caller)
+        super().append(entry)
+
+
+def watch_name_scopes(strategy: Any) -> None:
+    """Scope-entry hook: make this thread's Keras name-scope stack a watched one (once; again
+    after ``keras.backend.clear_session()``, which drops it). A no-op before Keras loads."""
+    state = sys.modules.get("keras.src.backend.common.global_state")
+    if state is None:
+        return
+    stack = state.get_global_attribute("name_scope_stack")
+    if not isinstance(stack, _WatchedStack):
+        state.set_global_attribute("name_scope_stack", _WatchedStack(stack or ()))
+
+
+def _on_name_scope(caller: Any) -> None:
+    if not strategyjob.has_strategy():
+        return
+    from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+
+    strategy = strategyjob.get_strategy()
+    if not isinstance(strategy, MultiWorkerMirroredStrategy):
+        return
+    metric_module = sys.modules.get("keras.src.metrics.metric")
+    model_module = sys.modules.get("keras.src.models.model")
+    if metric_module is not None and isinstance(caller, metric_module.Metric):
+        _capture_metric(caller, strategy)
+    elif (
+        model_module is not None
+        and isinstance(caller, model_module.Model)
+        and caller.built
+        and strategy_of(caller) is None
+    ):
+        raise RuntimeError(BUILT_OUTSIDE_SCOPE.format(name=caller.name))
+
+
+def is_captured_metric(metric: Any) -> bool:
+    """Whether ``metric`` was created in a MultiWorkerMirroredStrategy's scope (sync-on-read)."""
+    return metric in _captured
+
+
+def _capture_metric(metric: Any, strategy: Any) -> None:
+    """Give ``metric`` (this instance) a ``result`` that sums its variables over the workers
+    when read outside ``strategy.run``; inside ``run`` it reads the local value. A bound
+    method, so that a deep copy of the metric (which copies it bound to the copy) reads its own
+    variables."""
+    if metric in _captured:
+        return
+    _captured.add(metric)
+    read = type(metric).result
+    collectives = strategy.extended.collectives
+
+    def result(own: Any) -> Any:
+        local = strategyjob.has_strategy() and strategyjob.get_replica_context() is not None
+        if local or reading_summed():
+            return read(own)
+        with summed(collectives, own.variables):
+            return sys.modules["keras"].tree.map_structure(detached_copy, read(own))
+
+    result.__doc__ = read.__doc__
+    object.__setattr__(metric, "result", types.MethodType(result, metric))
