@@ -10,9 +10,10 @@ scope the report does nothing. Nothing of Keras's or torch's classes is changed.
 * a ``keras.metrics.Metric`` creating its variables in scope: the metric is captured, and its
   ``result()`` read outside ``strategy.run`` gives the value over every worker (its variables
   summed, as TF's sync-on-read metric variables), while its updates stay local;
-* a Keras model built outside every scope being called in scope (by ``fit`` / ``evaluate`` /
-  ``predict`` or directly): refused, since it would repeat the whole work on every worker
-  (TensorFlow 2.21's Keras fails there too, with an ``AssertionError``).
+* a compiled Keras model built outside every scope being called in scope (by ``fit`` /
+  ``evaluate`` / ``predict`` or directly): refused, since training it would repeat the whole
+  work on every worker (TensorFlow 2.21's Keras fails there too, with an ``AssertionError``).
+  An uncompiled one (a frozen feature extractor, say) is called as plain Keras.
 
 Tested with Keras ``_backend.MIN_KERAS`` to ``_backend.MAX_KERAS`` (``name_scope`` and its
 ``caller`` exist in every Keras 3).
@@ -78,6 +79,7 @@ def _on_name_scope(caller: Any) -> None:
         model_module is not None
         and isinstance(caller, model_module.Model)
         and caller.built
+        and getattr(caller, "compiled", False)
         and strategy_of(caller) is None
     ):
         raise RuntimeError(BUILT_OUTSIDE_SCOPE.format(name=caller.name))

@@ -122,6 +122,15 @@ def test_a_model_built_outside_every_scope_is_refused_when_fit_in_one(keras) -> 
     model.fit(x, y, verbose=0)  # outside every scope: plain Keras, as before
 
 
+def test_an_uncompiled_model_built_outside_every_scope_may_be_called_in_one(keras) -> None:  # type: ignore[no-untyped-def]
+    extractor = _model(keras)  # e.g. a frozen feature extractor: not trained here
+    x, _ = _data()
+    expected = keras.ops.convert_to_numpy(extractor(x))
+    with sj.MultiWorkerMirroredStrategy().scope():
+        got = keras.ops.convert_to_numpy(extractor(x))
+    assert (got == expected).all()
+
+
 def test_jit_compile_is_refused_under_multi_worker_mirrored(keras) -> None:  # type: ignore[no-untyped-def]
     with sj.MultiWorkerMirroredStrategy().scope():
         model = _model(keras)
