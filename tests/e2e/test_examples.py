@@ -85,6 +85,8 @@ def test_multi_worker_mirrored_example_succeeds(ns: Namespace, shared_dir: str):
 def test_keras_example_succeeds(ns: Namespace, shared_dir: str):
     """Keras fit on two pods: the history's global figures, the same on both workers, and
     the model saved once, by worker 0, on the shared storage."""
+    # One node: on kind, a job's NetworkPolicy (kube-router) refuses its worker-1 on the
+    # control-plane node the connection to worker-0 on the other (test_tfjob.py).
     manifest = example(
         "digits_keras", env={"worker": {"EPOCHS": "4"}}, checkpoints=shared_dir, keep_pods=True
     )
