@@ -63,14 +63,21 @@ def cluster(request: pytest.FixtureRequest) -> Cluster:
 def operator(cluster: Cluster) -> Iterator[tuple[str, str]]:
     """The operator, installed with ``helm install`` of the chart (two replicas with kopf
     peering, its own ServiceAccount and RBAC) unless ``STRATEGYJOB_E2E_RELEASE`` names an
-    installed one; yields ``(namespace, release)``."""
+    installed one; yields ``(namespace, release)``.
+
+    Installed once for the session with ``tfjob.enabled=true``, as a platform team serving
+    both kinds would: every StrategyJob test then also shows that serving TFJobs changes
+    nothing for StrategyJobs, and the TFJob test needs no second install (a second release
+    would be a second controller of StrategyJobs; reinstalling costs a helm ``--wait``).
+    ``STRATEGYJOB_E2E_HELM_ARGS="--set tfjob.enabled=false"`` turns it off on a cluster
+    whose TFJobs Kubeflow's training-operator serves."""
     if release := os.environ.get(ENV_RELEASE):
         namespace, name = release.split("/", 1)
         yield namespace, name
         return
     if not (CHART / "Chart.yaml").is_file():
         pytest.fail(f"the operator's Helm chart is missing: {CHART}")
-    extra = shlex.split(os.environ.get(ENV_HELM_ARGS, ""))
+    extra = ["--set", "tfjob.enabled=true", *shlex.split(os.environ.get(ENV_HELM_ARGS, ""))]
     if cluster.operator_image:  # loaded into the nodes, never pulled
         repository, tag = cluster.operator_image.rsplit(":", 1)
         extra = ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "helm" / "strategyjob-operator"
 EXAMPLES = REPO_ROOT / "examples"
 GROUP, VERSION, PLURAL = "strategyjob.dev", "v1alpha1", "strategyjobs"
+TFJOB_GROUP, TFJOB_VERSION, TFJOB_PLURAL = "kubeflow.org", "v1", "tfjobs"
+#: The label of a job's pods; a TFJob's, as training-operator (and the operator serving
+#: TFJobs) labels them.
+JOB_LABEL = "strategyjob.dev/job-name"
+TFJOB_LABEL_JOB_NAME = "training.kubeflow.org/job-name"
+#: A job's final states (StrategyJob's ``status.state``, TFJob's condition types).
+_FINAL = frozenset({"Succeeded", "Failed"})
 
 #: An existing cluster to run against instead of the session's kind cluster.
 ENV_KUBECONFIG = "STRATEGYJOB_E2E_KUBECONFIG"
@@ -113,30 +121,63 @@ class Namespace:
             GROUP, VERSION, self.name, PLURAL, name
         )
 
+    def tfjob(self, name: str) -> dict[str, Any]:
+        return self.cluster.custom.get_namespaced_custom_object(
+            TFJOB_GROUP, TFJOB_VERSION, self.name, TFJOB_PLURAL, name
+        )
+
     def wait_job(self, name: str, state: str, timeout: float) -> dict[str, Any]:
         """Wait until the job's state is ``state``; fail at once (with its pods' logs) if it
         ends in the other final state."""
-        final = {"Succeeded", "Failed"} - {state}
+
+        def state_of() -> tuple[str | None, dict[str, Any]]:
+            job = self.job(name)
+            return (job.get("status") or {}).get("state"), job
+
+        return self._wait_final(name, state, state_of, timeout, tfjob=False)
+
+    def wait_tfjob(self, name: str, condition: str, timeout: float) -> dict[str, Any]:
+        """Wait until the TFJob's condition ``condition`` (``Succeeded`` or ``Failed``) is
+        True and return it; fail at once (with its pods' logs) on the other one."""
+
+        def state_of() -> tuple[str | None, dict[str, Any]]:
+            conditions = (self.tfjob(name).get("status") or {}).get("conditions") or []
+            final = [c for c in conditions if c["type"] in _FINAL and c["status"] == "True"]
+            return (final[-1]["type"], final[-1]) if final else (None, {})
+
+        return self._wait_final(name, condition, state_of, timeout, tfjob=True)
+
+    def _wait_final(
+        self,
+        name: str,
+        state: str,
+        state_of: Callable[[], tuple[str | None, dict[str, Any]]],
+        timeout: float,
+        tfjob: bool,
+    ) -> dict[str, Any]:
+        """What ``state_of`` gives with ``state``; the failure report if the job ends in the
+        other final state or time runs out."""
 
         def reached() -> dict[str, Any] | None:
-            job = self.job(name)
-            current = (job.get("status") or {}).get("state")
-            if current in final:
-                raise AssertionError(f"job {name} is {current}, not {state}:\n{self.report(name)}")
-            return job if current == state else None
+            current, found = state_of()
+            if current in _FINAL - {state}:
+                report = self.report(name, tfjob=tfjob)
+                raise AssertionError(f"job {name} is {current}, not {state}:\n{report}")
+            return found if current == state else None
 
         try:
             return wait_for(f"job {name} to be {state}", reached, timeout, interval=0.5)
         except AssertionError as e:
             if "timed out" in str(e):
-                raise AssertionError(f"{e}\n{self.report(name)}") from None
+                raise AssertionError(f"{e}\n{self.report(name, tfjob=tfjob)}") from None
             raise
 
-    def report(self, name: str) -> str:
-        """What a failure needs: the job's status, its pods' states and the end of their
-        logs, and the operator's warnings."""
-        lines = [json.dumps((self.job(name).get("status") or {}), indent=1)]
-        for pod in self.pods(name):
+    def report(self, name: str, tfjob: bool = False) -> str:
+        """What a failure needs: the job's (or TFJob's) status, its pods' states and the end
+        of their logs, and the operator's warnings."""
+        job = self.tfjob(name) if tfjob else self.job(name)
+        lines = [json.dumps((job.get("status") or {}), indent=1)]
+        for pod in self.pods(name, label=TFJOB_LABEL_JOB_NAME if tfjob else JOB_LABEL):
             meta, status = pod.metadata, pod.status
             states = [
                 (c.name, {k: v for k, v in c.state.to_dict().items() if v})
@@ -157,9 +198,10 @@ class Namespace:
         return "\n".join(lines)
 
     # --- pods ------------------------------------------------------------------------------------
-    def pods(self, job: str) -> list[Any]:
+    def pods(self, job: str, label: str = JOB_LABEL) -> list[Any]:
+        """The pods of job ``job`` (a TFJob's: ``label=TFJOB_LABEL_JOB_NAME``)."""
         return self.cluster.core.list_namespaced_pod(
-            self.name, label_selector=f"strategyjob.dev/job-name={job}"
+            self.name, label_selector=f"{label}={job}"
         ).items
 
     def pod(self, name: str) -> Any | None:
@@ -221,28 +263,33 @@ def worker_image() -> str:
 def example(
     name: str,
     *,
+    file: str = "k8s.yaml",
     env: dict[str, dict[str, str]] | None = None,
     checkpoints: str | None = None,
     keep_pods: bool = False,
     spread: bool = False,
 ) -> dict[str, Any]:
-    """``examples/<name>/k8s.yaml`` with some env values changed (``env[replica type]``),
+    """``examples/<name>/<file>`` (a StrategyJob or a TFJob, whose replica types are
+    ``Worker``…) with some env values changed (``env[replica type]``),
     the worker image of ``STRATEGYJOB_E2E_WORKER_IMAGE``, with ``checkpoints`` its hostPath
     checkpoint volume moved to that directory (mounted at the same path), with
     ``keep_pods`` cleanPodPolicy None (so that pods still running when the leader
     succeeds, and their logs, stay), and with ``spread`` each of the job's pods on another
     node (the control plane's taint tolerated: kind's two nodes)."""
-    manifest = yaml.safe_load((EXAMPLES / name / "k8s.yaml").read_text())
+    manifest = yaml.safe_load((EXAMPLES / name / file).read_text())
     job_name = manifest["metadata"]["name"]
+    tfjob = manifest["kind"] == "TFJob"
+    job_label = TFJOB_LABEL_JOB_NAME if tfjob else JOB_LABEL
+    replica_specs = manifest["spec"]["tfReplicaSpecs" if tfjob else "replicaSpecs"]
     if keep_pods:
         manifest["spec"].setdefault("runPolicy", {})["cleanPodPolicy"] = "None"
     image = os.environ.get(ENV_WORKER_IMAGE)  # else the manifest's own
-    for replica_type, spec in manifest["spec"]["replicaSpecs"].items():
+    for replica_type, spec in replica_specs.items():
         pod = spec["template"]["spec"]
         if spread:
             pod["tolerations"] = [{"operator": "Exists"}]
             term = {
-                "labelSelector": {"matchLabels": {"strategyjob.dev/job-name": job_name}},
+                "labelSelector": {"matchLabels": {job_label: job_name}},
                 "topologyKey": "kubernetes.io/hostname",
             }
             pod["affinity"] = {

@@ -4,6 +4,7 @@ logs show the loss going down, and ``kubectl get sjob`` shows it in the CRD's co
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -79,6 +80,36 @@ def test_multi_worker_mirrored_example_succeeds(ns: Namespace, shared_dir: str):
     progress = assert_progress_reached_the_status(ns, "digits-mwms", 4)
     assert progress["metrics"]["loss"] == round(points[-1][1], 4), (progress, points)
     assert_listed_as_succeeded(ns, "digits-mwms", "MultiWorkerMirroredStrategy", 2)
+
+
+def test_keras_example_succeeds(ns: Namespace, shared_dir: str):
+    """Keras fit on two pods: the history's global figures, the same on both workers, and
+    the model saved once, by worker 0, on the shared storage."""
+    # One node: on kind, a job's NetworkPolicy (kube-router) refuses its worker-1 on the
+    # control-plane node the connection to worker-0 on the other (test_tfjob.py).
+    manifest = example(
+        "digits_keras", env={"worker": {"EPOCHS": "4"}}, checkpoints=shared_dir, keep_pods=True
+    )
+    ns.apply(manifest)
+    job = ns.wait_job("digits-keras", "Succeeded", timeout=180)
+    assert job["status"]["restartCount"] == 0
+    logs = [ns.logs(f"digits-keras-worker-{i}") for i in (0, 1)]
+    for i, log in enumerate(logs):
+        assert f"worker-{i}: 2 replicas in sync, Keras 3." in log, log
+    points = losses(logs[0])
+    assert [epoch for epoch, _ in points] == [1, 2, 3, 4]
+    assert_loss_goes_down(points, "worker-0")
+    # The whole epoch lines (loss, accuracy, test accuracy) are global: the same on both.
+    epochs = [re.findall(r"^worker-\d: (epoch .*)$", log, re.MULTILINE) for log in logs]
+    assert len(epochs[0]) == 4 and epochs[0] == epochs[1], epochs
+    saved = f"{shared_dir}/{ns.name}/digits-keras/model.keras"
+    assert f"worker-0: saved {saved}" in logs[0], logs[0]
+    if ns.cluster.kind is not None:  # the chief's copy, the only one on the shared storage
+        written = ns.cluster.kind.shared_dir / ns.name / ns.name / "digits-keras"
+        assert sorted(p.name for p in written.iterdir()) == ["model.keras"]
+    progress = assert_progress_reached_the_status(ns, "digits-keras", 4)
+    assert progress["metrics"]["loss"] == round(points[-1][1], 4), (progress, points)
+    assert_listed_as_succeeded(ns, "digits-keras", "MultiWorkerMirroredStrategy", 2)
 
 
 def test_central_storage_example_succeeds(ns: Namespace):

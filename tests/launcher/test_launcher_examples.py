@@ -162,7 +162,9 @@ def test_keras_example(tmp_path):
     assert "strategyjob: job digits-keras succeeded in" in result.stdout
 
 
-@pytest.mark.parametrize("name", ["digits_mwms", "digits_ps", "digits_central_storage"])
+@pytest.mark.parametrize(
+    "name", ["digits_mwms", "digits_ps", "digits_central_storage", "digits_keras"]
+)
 def test_cluster_manifests_run_the_same_job(name):
     """``k8s.yaml`` is ``job.yaml`` for a cluster: valid, same strategy, replicas and
     commands (run from the worker image's copy of the example)."""
@@ -178,3 +180,19 @@ def test_cluster_manifests_run_the_same_job(name):
         assert container["command"] == training_container(spec.template)["command"]
         if container["command"][-1] == "train.py":
             assert container["workingDir"] == f"/opt/strategyjob/examples/{name}"
+
+
+def test_tfjob_manifest_runs_the_multi_worker_example():
+    """``tfjob_digits/tfjob.yaml`` is a TFJob the operator reads (two workers under
+    MultiWorkerMirroredStrategy, Kubeflow's ``tensorflow`` container) running
+    ``digits_mwms/k8s.yaml``'s training from the worker image."""
+    from strategyjob.jobspec import load_manifest_file, load_tfjob, training_container
+
+    tfjob = load_tfjob(yaml.safe_load((EXAMPLES / "tfjob_digits" / "tfjob.yaml").read_text()))
+    mwms = load_manifest_file(EXAMPLES / "digits_mwms" / "k8s.yaml")
+    assert (tfjob.job.strategy, tfjob.job.replicas()) == (mwms.strategy, mwms.replicas())
+    ours = training_container(tfjob.job.replica_specs["worker"].template)
+    theirs = training_container(mwms.replica_specs["worker"].template)
+    assert ours["name"] == "tensorflow"
+    fields = ("image", "workingDir", "command")
+    assert {f: ours[f] for f in fields} == {f: theirs[f] for f in fields}

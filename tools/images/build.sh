@@ -61,8 +61,9 @@ build() {
   log "built ${*: -2:1} in $((SECONDS - started)) s"
 }
 build -f operator/Dockerfile --build-arg "PYTHON_IMAGE=$BASE_IMAGE" -t "$OPERATOR_IMAGE" .
+# The worker with every example's dependencies: scikit-learn, and Keras for digits_keras.
 build -f worker_image/Dockerfile --build-arg "PYTHON_IMAGE=$BASE_IMAGE" \
   --build-arg "CUDA_IMAGE=$BASE_IMAGE" --build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL" \
-  --build-arg EXTRAS=sdk,examples -t "$WORKER_IMAGE" .
+  --build-arg EXTRAS=sdk,examples,keras -t "$WORKER_IMAGE" .
 echo "$OPERATOR_IMAGE"
 echo "$WORKER_IMAGE"
