@@ -305,7 +305,10 @@ def test_keras_backup_and_restore_resumes_a_restarted_job(tmp_path, signum):
             runPolicy={"backoffLimit": 1},
         ),
     )
-    launcher = _launch(path, env={"KERAS_BACKEND": "torch"})
+    # the killed worker cannot remove its scratch directory: keep it in the test's own
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    launcher = _launch(path, env={"KERAS_BACKEND": "torch", "TMPDIR": str(scratch)})
     try:
         _wait_for([out / "blocked-pid"], launcher, timeout=120)
         os.kill(int((out / "blocked-pid").read_text()), signum)
