@@ -20,6 +20,7 @@ import keras  # KERAS_BACKEND=torch: set by the test
 import numpy as np
 import strategyjob as sj
 import torch
+from keras_backup_worker import Epochs  # this script's folder is on sys.path
 
 torch.set_num_threads(1)
 
@@ -49,15 +50,6 @@ class StoppedOnce(keras.callbacks.Callback):
         while time.monotonic() < deadline:
             time.sleep(0.05)
         raise SystemExit("not signalled within 60 s")
-
-
-class Epochs(keras.callbacks.Callback):
-    def __init__(self) -> None:
-        super().__init__()
-        self.begun: list[int] = []
-
-    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self.begun.append(epoch)
 
 
 def _layers() -> list:
