@@ -14,8 +14,8 @@ What each strategy does with a bound model:
   before the Keras optimizer applies them, metrics are summed over the workers when read, and
   ``predict`` returns every row on every worker (see ``_binding``);
 * ``keras.metrics`` created in a MultiWorkerMirroredStrategy's scope read their global value
-  outside ``strategy.run``, and a Keras model built outside every scope is refused when called
-  in one (``_watch``);
+  outside ``strategy.run``, and a compiled Keras model built outside every scope is refused
+  when called in one (``_watch``);
 * any other strategy: ``compile`` / ``fit`` / ``evaluate`` / ``predict`` raise one error naming
   what is not supported and the alternative.
 

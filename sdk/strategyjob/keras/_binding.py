@@ -41,11 +41,12 @@ import keras
 import torch
 
 import strategyjob
+from strategyjob import _nest
 from strategyjob._reduce import ReduceOp
 from strategyjob.keras import _callbacks
 from strategyjob.keras._backend import check_keras_version
 from strategyjob.keras._split import local_rows
-from strategyjob.keras._sync_on_read import cpu_float64, detached_copy, summed
+from strategyjob.keras._sync_on_read import detached_copy, summed, sums_over_workers
 from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from strategyjob.strategies.one_device import OneDeviceStrategy
 
@@ -94,17 +95,9 @@ def _refusal(reason: str) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------- batch structure
-def _leaves(data: Any) -> list[Any]:
-    if isinstance(data, (tuple, list)):
-        return [leaf for item in data for leaf in _leaves(item)]
-    if isinstance(data, dict):
-        return [leaf for item in data.values() for leaf in _leaves(item)]
-    return [] if data is None else [data]
-
-
 def _rows(data: Any) -> int:
     """Rows of a batch: the first dimension of its first array."""
-    for leaf in _leaves(data):
+    for leaf in _nest.flatten(data):
         shape = getattr(leaf, "shape", None)
         if shape is not None and len(shape) > 0:
             return int(shape[0])
@@ -113,16 +106,14 @@ def _rows(data: Any) -> int:
 
 def _slice(data: Any, start: int, stop: int, rows: int) -> Any:
     """The rows ``[start, stop)`` of every array of the batch (others as they are)."""
-    if isinstance(data, tuple):
-        return tuple(_slice(item, start, stop, rows) for item in data)
-    if isinstance(data, list):
-        return [_slice(item, start, stop, rows) for item in data]
-    if isinstance(data, dict):
-        return {key: _slice(item, start, stop, rows) for key, item in data.items()}
-    shape = getattr(data, "shape", None)
-    if shape is not None and len(shape) > 0 and int(shape[0]) == rows:
-        return data[start:stop]
-    return data
+
+    def rows_of(leaf: Any) -> Any:
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) > 0 and int(shape[0]) == rows:
+            return leaf[start:stop]
+        return leaf
+
+    return _nest.map_structure(rows_of, data)
 
 
 @contextlib.contextmanager
@@ -277,14 +268,9 @@ class MultiWorkerBinding:
         ]
         if self._workers == 1 or not weights:
             return
-        flat = torch.cat([cpu_float64(v.value) for v in weights])
-        (total,) = self._collectives.all_reduce([flat], ReduceOp.SUM)
-        offset = 0
-        for v in weights:
-            size = v.value.numel()
-            mean = total[offset : offset + size].reshape(v.value.shape) / self._workers
-            v.assign(mean.to(v.value.device, v.value.dtype))
-            offset += size
+        totals = sums_over_workers(self._collectives, [v.value for v in weights])
+        for v, total in zip(weights, totals):
+            v.assign((total / self._workers).to(v.value.device, v.value.dtype))
 
     def _train_my_rows(self, data: Any) -> None:
         model = self._model

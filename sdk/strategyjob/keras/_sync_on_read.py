@@ -17,15 +17,24 @@ import torch
 
 from strategyjob._reduce import ReduceOp
 
-__all__ = ["cpu_float64", "detached_copy", "reading_summed", "summed"]
+__all__ = ["detached_copy", "reading_summed", "summed", "sums_over_workers"]
 
 _state = threading.local()
 
 
-def cpu_float64(value: Any) -> torch.Tensor:
+def _cpu_float64(value: Any) -> torch.Tensor:
     """``value`` flattened into a float64 CPU tensor (what one all-reduce of many carries)."""
     tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     return tensor.detach().reshape(-1).to("cpu", torch.float64)
+
+
+def sums_over_workers(collectives: Any, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each of ``tensors`` summed over the workers, in its own shape, as float64 on the CPU:
+    one all-reduce carries them all."""
+    flat = torch.cat([_cpu_float64(t) for t in tensors])
+    (total,) = collectives.all_reduce([flat], ReduceOp.SUM)
+    parts = torch.split(total, [t.numel() for t in tensors])
+    return [part.reshape(t.shape) for part, t in zip(parts, tensors)]
 
 
 def detached_copy(value: Any) -> Any:
@@ -50,15 +59,11 @@ def summed(collectives: Any, variables: Sequence[Any]) -> Iterator[None]:
             _state.depth -= 1
         return
     local = [v.value.detach().clone() for v in variables]
-    flat = torch.cat([cpu_float64(t) for t in local])
-    (total,) = collectives.all_reduce([flat], ReduceOp.SUM)
-    offset = 0
+    totals = sums_over_workers(collectives, local)
     _state.depth = 1
     try:
-        for v, value in zip(variables, local):
-            part = total[offset : offset + value.numel()].reshape(value.shape)
-            v.assign(part.to(value.device, value.dtype))
-            offset += value.numel()
+        for v, value, total in zip(variables, local, totals):
+            v.assign(total.to(value.device, value.dtype))
         yield
     finally:
         _state.depth = 0
