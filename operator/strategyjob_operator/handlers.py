@@ -504,13 +504,18 @@ async def quota_changed(
         wake(namespace, job)
 
 
+def _watches_with(registry: kopf.OperatorRegistry, handler: Any) -> bool:
+    """Whether ``handler`` is already registered as a watch-event handler (registered once)."""
+    return any(h.fn is handler for h in registry._watching.get_all_handlers())
+
+
 def watch_resource_quotas(registry: kopf.OperatorRegistry | None = None) -> None:
     """Register :func:`quota_changed` (once). Only an operator with a gang scheduler watches
     ResourceQuotas (from :func:`configure`, before kopf looks at what to watch): only then
     does the chart grant it, and a watch the API server forbids stops the operator
     (:class:`_GiveUpOnForbidden`)."""
     registry = registry or kopf.get_default_registry()
-    if any(h.fn is quota_changed for h in registry._watching.get_all_handlers()):
+    if _watches_with(registry, quota_changed):
         return
     kopf.on.event("", "v1", "resourcequotas", registry=registry)(quota_changed)
 
@@ -520,7 +525,7 @@ def serve_tfjobs(registry: kopf.OperatorRegistry | None = None) -> None:
     ``STRATEGYJOB_SERVE_TFJOBS=true`` (from :func:`configure`, before kopf looks at what to
     watch), so that an operator beside Kubeflow's training-operator leaves TFJobs to it."""
     registry = registry or kopf.get_default_registry()
-    if any(h.fn is tfjob_changed for h in registry._watching.get_all_handlers()):
+    if _watches_with(registry, tfjob_changed):
         return
     group, version, plural = TFJOB.group, TFJOB.version, TFJOB.plural
     kopf.on.event(group, version, plural, registry=registry)(tfjob_changed)
