@@ -281,15 +281,6 @@ class KubeApi:
 
     # --- paths ---------------------------------------------------------------------------------
     @staticmethod
-    def job_path(namespace: str, name: str = "", subresource: str = "") -> str:
-        path = f"/apis/{c.GROUP}/{c.VERSION}/namespaces/{namespace}/{c.PLURAL}"
-        if name:
-            path += f"/{name}"
-        if subresource:
-            path += f"/{subresource}"
-        return path
-
-    @staticmethod
     def core_path(namespace: str, plural: str, name: str = "") -> str:
         path = f"/api/v1/namespaces/{namespace}/{plural}"
         return f"{path}/{name}" if name else path

@@ -13,7 +13,6 @@ class FakeApi:
     name -> object), or refuses every create with ``refuse`` when set. A status patch
     replaces the job's status, as the API server's merge of it does."""
 
-    job_path = staticmethod(KubeApi.job_path)
     core_path = staticmethod(KubeApi.core_path)
     group_path = staticmethod(KubeApi.group_path)
 

@@ -39,7 +39,6 @@ class TakenApi:
     """The API server, with objects already holding some names: ``taken`` maps a name to
     its ownerReferences."""
 
-    job_path = staticmethod(KubeApi.job_path)
     core_path = staticmethod(KubeApi.core_path)
     group_path = staticmethod(KubeApi.group_path)
 

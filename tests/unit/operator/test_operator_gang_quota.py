@@ -327,7 +327,6 @@ QUOTA_403 = ApiError(
 class FakeApi:
     """What the reconciler asks of the API server, recorded; quotas and refusals as set."""
 
-    job_path = staticmethod(KubeApi.job_path)
     core_path = staticmethod(KubeApi.core_path)
     group_path = staticmethod(KubeApi.group_path)
 

@@ -162,7 +162,6 @@ def test_the_operators_service_account_has_the_suffix_the_loader_refuses_in_othe
 class RecordingApi:
     """The API client's surface the reconciler uses, recording calls."""
 
-    job_path = staticmethod(KubeApi.job_path)
     core_path = staticmethod(KubeApi.core_path)
     group_path = staticmethod(KubeApi.group_path)
 

@@ -61,7 +61,6 @@ def pod(job, uid, i, *, label=None, pod_uid=None, phase="Running", index=None):
 
 
 class FakeApi:
-    job_path = staticmethod(KubeApi.job_path)
     core_path = staticmethod(KubeApi.core_path)
     group_path = staticmethod(KubeApi.group_path)
 

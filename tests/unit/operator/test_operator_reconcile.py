@@ -51,7 +51,6 @@ def pod(i, phase, exit_code=None):
 
 
 class FakeApi:
-    job_path = staticmethod(KubeApi.job_path)
     core_path = staticmethod(KubeApi.core_path)
     group_path = staticmethod(KubeApi.group_path)
 
