@@ -50,6 +50,7 @@ def describe_api_error(
     server_message = one_line(parsed.get("message") or "")
     what = f"{kind} {name}" if name else f"{kind}s"
     where = f"namespace {namespace}"
+    resource, install = _RESOURCES.get(kind, _RESOURCES["StrategyJob"])
 
     if status == 422 or reason == "Invalid":
         causes = [
@@ -65,8 +66,7 @@ def describe_api_error(
         if details.get("name") or (reason == "NotFound" and name):
             return f"{what} not found in {where}.", "NotFound"
         return (
-            f"the API server does not serve {kind}s ({server_message or 'not found'}). "
-            f"{_RESOURCES.get(kind, _RESOURCES['StrategyJob'])[1]}",
+            f"the API server does not serve {kind}s ({server_message or 'not found'}). {install}",
             "NotFound",
         )
     if status == 409 or reason == "AlreadyExists":
@@ -78,8 +78,7 @@ def describe_api_error(
     if status == 403:
         return (
             f"permission denied: {server_message or f'cannot {action} {what} in {where}'}. "
-            f"Ask the cluster's admin for RBAC on "
-            f"{_RESOURCES.get(kind, _RESOURCES['StrategyJob'])[0]} (and pods).",
+            f"Ask the cluster's admin for RBAC on {resource} (and pods).",
             reason or "Forbidden",
         )
     if status == 401:
