@@ -1,7 +1,36 @@
 """Exceptions. Names mirror ``tf.errors`` where TensorFlow raises one; the rest derive
-from :class:`StrategyJobError`. Torch-free so the launcher and operator can use it."""
+from :class:`StrategyJobError`. Torch-free so the launcher and operator can use it, as they
+do :func:`last_error_line` to quote a failed replica's error from its last output lines."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+#: A line that says something went wrong, when there is no traceback to read.
+_ERROR_WORDS = re.compile(r"error|exception|fatal|fail|abort|denied|not found|errno", re.I)
+_TRACEBACK = "Traceback (most recent call last):"
+#: How much of the error line a summary line or a condition message quotes.
+ERROR_LINE_MAX = 200
+
+
+def last_error_line(lines: Iterable[str]) -> str | None:
+    """The error a process ended with, from its last output ``lines``: the exception line
+    of its last Python traceback (``ValueError: bad batch``), else the last line that says
+    error, failed, fatal, ...; None when nothing says so. At most :data:`ERROR_LINE_MAX`
+    characters, so that it fits in the launcher's summary line and a job's condition."""
+    text = [line.rstrip() for line in lines]
+    found: str | None = None
+    start = max((i for i, line in enumerate(text) if line.strip() == _TRACEBACK), default=-1)
+    if start >= 0:
+        # The first unindented line after the frames: the exception and its message.
+        found = next((line for line in text[start + 1 :] if line and not line[0].isspace()), None)
+    if found is None:
+        found = next((line for line in reversed(text) if _ERROR_WORDS.search(line)), None)
+    if found is None:
+        return None
+    found = found.strip()
+    return found if len(found) <= ERROR_LINE_MAX else found[: ERROR_LINE_MAX - 3] + "..."
 
 
 class StrategyJobError(Exception):

@@ -152,3 +152,57 @@ def test_active_deadline():
 
 def test_unknown_signal_number_is_still_described():
     assert ReplicaExit(-200).describe() == "was killed by signal 200 (exit code 328)"
+
+
+def ps_job(restart_policy="OnFailure", **spec_extra):
+    counts = spec_extra.pop("counts", {"chief": 1, "worker": 2, "ps": 1, "evaluator": 1})
+    return make_job("ParameterServerStrategy", restart_policy, counts=counts, **spec_extra)
+
+
+def test_a_ps_exiting_0_while_the_job_runs_is_its_failure():
+    """A ps only serves (TF's server.join() never returns): its exit with 0 is a failure at
+    once, restarted per the policy, not found out by the chief's timeout."""
+    decision = decide(ps_job(), exits(("ps", 0, 0)))
+    assert decision.phase is Phase.RESTART_JOB
+    assert decision.reason == (
+        "ps-0 exited with code 0 while the job ran (a ps serves until the job ends)"
+    )
+    assert decide(ps_job("Never"), exits(("ps", 0, 0))).phase is Phase.FAILED
+    # ExitCode retries what was killed from outside, not a program that ended by itself.
+    assert decide(ps_job("ExitCode"), exits(("ps", 0, 0))).phase is Phase.FAILED
+    assert decide(ps_job("Always"), exits(("ps", 0, 0))).phase is Phase.RESTART_JOB
+
+
+def test_a_parameter_server_strategy_worker_exiting_0_is_restarted_alone():
+    decision = decide(ps_job(), exits(("worker", 1, 0)))
+    assert decision.phase is Phase.RESTART_REPLICAS and decision.restart == (("worker", 1),)
+    assert decision.reason.startswith("worker-1 exited with code 0 while the job ran")
+    # Under AllWorkers the workers' exits are the job's success: no server then.
+    job = ps_job(counts={"chief": 1, "worker": 2, "ps": 1}, successPolicy="AllWorkers")
+    assert decide(job, exits(("worker", 1, 0))).phase is Phase.RUNNING
+
+
+def test_an_evaluator_or_collective_worker_exiting_0_is_no_failure():
+    """TF's SidecarEvaluator returns after its last evaluation, and a collective worker
+    ends with the others: neither is a failure."""
+    assert decide(ps_job(), exits(("evaluator", 0, 0))).phase is Phase.RUNNING
+    job = make_job(counts={"chief": 1, "worker": 2, "evaluator": 1})
+    assert decide(job, exits(("worker", 1, 0), ("evaluator", 0, 0))).phase is Phase.RUNNING
+
+
+def test_servers_stopping_after_the_success_are_no_failure():
+    job = ps_job("Never")
+    assert decide(job, exits(("chief", 0, 0), ("ps", 0, 0))).phase is Phase.SUCCEEDED
+    assert decide(job, exits(("ps", 0, 0), ("chief", 0, 0))).phase is Phase.FAILED
+
+
+def test_the_failure_quotes_the_error_line_of_the_culprit():
+    decision = decide(
+        make_job(),
+        {
+            ("worker", 1): ReplicaExit(1, 1, "ValueError: bad batch"),
+            ("worker", 0): ReplicaExit(1, 2, "strategyjob.errors.UnavailableError: worker 1"),
+        },
+    )
+    assert decision.reason == "worker-1 exited with code 1: ValueError: bad batch"
+    assert decision.failures[1].describe().startswith("worker-0 exited with code 1: strategy")

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -186,10 +187,124 @@ def test_failing_worker_stops_the_others_and_is_reported_first(tmp_path):
     lines = result.stdout.splitlines()
     assert "[worker-1] worker 1 fails" in lines
     failed = [line for line in lines if line.startswith("strategyjob: job demo failed after ")]
-    assert len(failed) == 1 and failed[0].endswith(": worker-1 exited with code 3")
+    assert len(failed) == 1 and failed[0].endswith(": worker-1 exited with code 3: worker 1 fails")
     assert lines.index(failed[0]) < lines.index("strategyjob:   stopped: chief-0, worker-0")
     for pid in recorded_pids(tmp_path, ["chief-0"]):
         wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
+
+
+def run_timed(manifest: Path, *extra: str, timeout: float = 60) -> list[tuple[float, str]]:
+    """Run ``strategyjob run`` and return its output lines with when each arrived."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=cli_env(),
+    )
+    # Past the timeout SIGTERM: the launcher stops its replicas, so none is left behind.
+    watchdog = threading.Timer(timeout, launcher.terminate)
+    watchdog.start()
+    try:
+        assert launcher.stdout is not None
+        lines = [(time.monotonic(), line.rstrip("\n")) for line in launcher.stdout]
+        launcher.wait(30)
+    finally:
+        watchdog.cancel()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode != 128 + signal.SIGTERM, f"timed out after {timeout}s: {lines}"
+    return lines
+
+
+def when(lines: list[tuple[float, str]], text: str) -> float:
+    return next(t for t, line in lines if line.startswith(text))
+
+
+# ParameterServerStrategy's coordinator: waits for ever (the ps is what ends).
+COORDINATOR = """
+    import os, time
+    open("chief-ready", "w").close()
+    time.sleep(300)
+"""
+
+
+def test_a_ps_exiting_0_is_reported_at_once_and_restarted_per_policy(tmp_path):
+    """A ps that exits with 0 while the job runs is its failure, the moment it happens: the
+    launcher names it, restarts the job per OnFailure and fails it at backoffLimit, instead
+    of waiting for the chief's timeout."""
+    manifest = write_job(
+        tmp_path,
+        {
+            "chief": (1, COORDINATOR),
+            "worker": (1, "import time; time.sleep(300)\n"),
+            "ps": (
+                1,
+                """
+                import os, time
+                while not os.path.exists("chief-ready"):
+                    time.sleep(0.02)
+                os.remove("chief-ready")
+                print("ps done", flush=True)
+                """,
+            ),
+        },
+        strategy="ParameterServerStrategy",
+        restart_policy="OnFailure",
+        runPolicy={"backoffLimit": 1},
+    )
+    started = time.monotonic()
+    lines = run_timed(manifest, "--grace-period", "5")
+    took = time.monotonic() - started
+    text = [line for _, line in lines]
+    early = "ps-0 exited with code 0 while the job ran (a ps serves until the job ends)"
+    assert f"strategyjob: {early}; restarting the whole job (restart 1 of 1)" in text, text
+    assert text[-2].startswith("strategyjob: job demo failed after ")
+    assert text[-2].endswith(f": {early}; backoff limit of 1 restarts reached")
+    assert text[-1] == "strategyjob:   stopped: chief-0, worker-0"
+    reported = when(lines, f"strategyjob: {early}") - when(lines, "[ps-0] ps done")
+    print(f"ps exit reported after {reported:.2f}s, job failed after {took:.1f}s")
+    assert reported < 2.5
+    assert took < 20
+
+
+def test_the_summary_quotes_the_culprits_error_line(tmp_path):
+    """Worker 1 raises; worker 0's long follow-on traceback comes after it: the summary
+    still names worker 1 and quotes its error."""
+    manifest = write_job(
+        tmp_path,
+        {
+            "worker": (
+                2,
+                """
+                import os, signal, sys, time
+                if os.environ["RANK"] == "1":
+                    while not os.path.exists("worker-0-ready"):
+                        time.sleep(0.02)
+                    raise ValueError("bad batch")
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a rank blocked in gloo
+                open("worker-0-ready", "w").close()
+                time.sleep(1)
+                def deep(n):
+                    if n == 0:
+                        raise RuntimeError("peer worker-1 is gone")
+                    deep(n - 1)
+                deep(40)
+                """,
+            )
+        },
+    )
+    result = run_cli(manifest, "--grace-period", "10")
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert "[worker-1] ValueError: bad batch" in lines
+    assert lines.index("[worker-1] ValueError: bad batch") < lines.index(
+        "[worker-0] RuntimeError: peer worker-1 is gone"
+    )
+    failed = next(line for line in lines if line.startswith("strategyjob: job demo failed"))
+    assert failed.endswith(": worker-1 exited with code 1: ValueError: bad batch")
+    assert lines[-1] == "strategyjob:   stopped: worker-0"
 
 
 def test_replica_killed_by_a_signal_is_described(tmp_path):
@@ -242,12 +357,13 @@ def test_success_stops_the_ps_and_evaluator(tmp_path):
                 1,
                 """
                 import os, time
-                while not (os.path.exists("ps-0.pids") and os.path.exists("evaluator-0.pids")):
+                roles = ("ps-0", "evaluator-0", "worker-0")
+                while not all(os.path.exists(f"{role}.pids") for role in roles):
                     time.sleep(0.02)
                 print("coordinator done")
                 """,
             ),
-            "worker": (1, "print('worker done')\n"),
+            "worker": (1, LINGERING),  # a ParameterServerStrategy worker serves until stopped
             "ps": (1, LINGERING),
             "evaluator": (1, LINGERING),
         },
@@ -256,8 +372,8 @@ def test_success_stops_the_ps_and_evaluator(tmp_path):
     result = run_cli(manifest, "--grace-period", "5")
     assert result.returncode == 0, result.stdout + result.stderr
     summary = result.stdout.splitlines()[-1]
-    assert "chief-0 succeeded" in summary and "stopped evaluator-0, ps-0" in summary
-    for pid in recorded_pids(tmp_path, ["ps-0", "evaluator-0"]):
+    assert "chief-0 succeeded" in summary and "stopped evaluator-0, ps-0, worker-0" in summary
+    for pid in recorded_pids(tmp_path, ["ps-0", "evaluator-0", "worker-0"]):
         wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} to be gone")
 
 

@@ -100,6 +100,29 @@ def success_replicas(job: StrategyJob) -> list[tuple[str, int]]:
     return [leader(job)]
 
 
+def serves_until_stopped(job: StrategyJob, replica_type: str) -> bool:
+    """Whether a replica of ``replica_type`` never ends by itself while the job runs, so
+    that its exit, even with code 0, is a failure of that replica.
+
+    As in TensorFlow, a ps task only serves (``server.join()``, which never returns), and so
+    does a worker under ParameterServerStrategy (the chief's coordinator ships it work until
+    training ends), unless ``AllWorkers`` makes its exit part of the job's success. An
+    evaluator is not one: TF's ``SidecarEvaluator`` returns after its last evaluation."""
+    if replica_type == "ps":
+        return True
+    return (
+        replica_type == "worker"
+        and job.strategy == "ParameterServerStrategy"
+        and job.success_policy != "AllWorkers"
+    )
+
+
+def early_exit(replica_type: str) -> str:
+    """How ``strategyjob run`` and the operator say that a replica which serves until the
+    job ends exited with code 0: ``exited with code 0 while the job ran (a ps ...)``."""
+    return f"exited with code 0 while the job ran (a {replica_type} serves until the job ends)"
+
+
 def training_container_index(
     pod_template: Mapping[str, Any], name: str = TRAINING_CONTAINER_NAME
 ) -> int:

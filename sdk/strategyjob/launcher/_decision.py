@@ -13,7 +13,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from strategyjob.jobspec import StrategyJob, success_replicas
+from strategyjob.jobspec import StrategyJob, early_exit, serves_until_stopped, success_replicas
 
 ReplicaKey = tuple[str, int]
 
@@ -21,10 +21,12 @@ ReplicaKey = tuple[str, int]
 @dataclass(frozen=True)
 class ReplicaExit:
     """How a replica's process ended. ``returncode`` follows ``subprocess``: negative
-    means killed by that signal. ``sequence`` orders exits (lower = earlier)."""
+    means killed by that signal. ``sequence`` orders exits (lower = earlier).
+    ``error``: the error line it printed last (``ValueError: bad batch``), if any."""
 
     returncode: int
     sequence: int = 0
+    error: str | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -62,11 +64,26 @@ class Phase(enum.Enum):
 
 @dataclass(frozen=True)
 class Failure:
+    """A replica's failure. ``early``: a replica that serves until the job ends (a ps)
+    exited, with code 0, while the job ran."""
+
     key: ReplicaKey
     exit: ReplicaExit
+    early: bool = False
 
     def describe(self) -> str:
-        return f"{replica_name(self.key)} {self.exit.describe()}"
+        """E.g. ``worker-1 exited with code 1: ValueError: bad batch``."""
+        what = early_exit(self.key[0]) if self.early else self.exit.describe()
+        text = f"{replica_name(self.key)} {what}"
+        return f"{text}: {self.exit.error}" if self.exit.error else text
+
+    def retryable(self, restart_policy: str) -> bool:
+        """Whether ``restart_policy`` retries it: an early exit with code 0 is retried by
+        ``OnFailure`` and ``Always`` only (``ExitCode`` retries signals, not a program
+        that ended on its own)."""
+        if self.early:
+            return restart_policy in ("OnFailure", "Always")
+        return is_retryable(restart_policy, self.exit)
 
 
 @dataclass(frozen=True)
@@ -109,20 +126,33 @@ def decide(
       restarts were made, the job restarts: under ParameterServerStrategy failed
       workers restart alone; every other strategy is collective, so the whole job
       restarts. Otherwise the job fails, first failure first.
+    * A replica that serves until the job ends (:func:`serves_until_stopped`: a ps, a
+      ParameterServerStrategy worker) fails when it exits at all, code 0 included, unless
+      the job had already succeeded.
     * The job succeeds when its success replicas exited 0 (the chief, or worker 0
       without a chief; every chief and worker under ``AllWorkers``).
     * Past ``runPolicy.activeDeadlineSeconds`` the job fails.
     """
+    needed = success_replicas(job)
+    leaders = [exits.get(k) for k in needed]
+    # When the job succeeded (None: not yet); a server's exit after that is no failure.
+    succeeded_at = (
+        max(e.sequence for e in leaders if e is not None)
+        if all(e is not None and e.succeeded for e in leaders)
+        else None
+    )
     failures = tuple(
-        Failure(key, exit)
+        Failure(key, exit, early=exit.succeeded)
         for key, exit in sorted(exits.items(), key=lambda item: item[1].sequence)
         if not exit.succeeded
+        or (
+            serves_until_stopped(job, key[0])
+            and (succeeded_at is None or exit.sequence < succeeded_at)
+        )
     )
     if failures:
         first = failures[0].describe()
-        retryable = all(
-            is_retryable(job.replica_specs[f.key[0]].restart_policy, f.exit) for f in failures
-        )
+        retryable = all(f.retryable(job.replica_specs[f.key[0]].restart_policy) for f in failures)
         if not retryable:
             return Decision(Phase.FAILED, first, failures)
         limit = job.run_policy.backoff_limit
@@ -136,7 +166,6 @@ def decide(
             return Decision(Phase.RESTART_REPLICAS, first, failures, tuple(f.key for f in failures))
         return Decision(Phase.RESTART_JOB, first, failures)
 
-    needed = success_replicas(job)
     if all(key in exits for key in needed):
         names = ", ".join(replica_name(k) for k in needed)
         return Decision(Phase.SUCCEEDED, f"{names} succeeded")

@@ -27,6 +27,7 @@ from strategyjob.jobspec import (
     load_manifest,
     local_tfjob,
     read_manifest_file,
+    serves_until_stopped,
     tfjob_replica_env,
 )
 from strategyjob.launcher._decision import Decision, Phase, ReplicaKey, decide, replica_name
@@ -254,12 +255,13 @@ class _JobRun:
     # -- endings --------------------------------------------------------------------------------
     def _finish_succeeded(self, decision: Decision) -> int:
         # Other workers usually finish within moments of the leader; give them time
-        # to write their last output, then stop what is left (ps, evaluator, and the
-        # workers of ParameterServerStrategy, which serve until stopped).
-        finishing: tuple[str, ...] = TRAINING_REPLICA_TYPES
-        if self.job.strategy == "ParameterServerStrategy":
-            finishing = ("chief",)
-        training = [k for k in self.supervisor.running() if k[0] in finishing]
+        # to write their last output, then stop what is left (the evaluator, and what
+        # serves until stopped: ps, and the workers of ParameterServerStrategy).
+        training = [
+            k
+            for k in self.supervisor.running()
+            if k[0] in TRAINING_REPLICA_TYPES and not serves_until_stopped(self.job, k[0])
+        ]
         deadline = self.clock() + self.options.finish_timeout
         while training and self.clock() < deadline:
             self._check_interrupt()

@@ -13,9 +13,11 @@ import signal
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from strategyjob.errors import last_error_line
 from strategyjob.launcher._decision import ReplicaExit, ReplicaKey
 from strategyjob.launcher._output import Console
 from strategyjob.launcher._plan import ReplicaLaunch
@@ -23,6 +25,9 @@ from strategyjob.launcher._plan import ReplicaLaunch
 #: Exit code reported for a command that could not be started (as a shell does).
 COMMAND_NOT_STARTED = 127
 _READER_FLUSH_SECONDS = 2.0
+#: The last output lines kept per replica to find the error it ended with (a traceback's
+#: frames and its exception line; the kubelet keeps 80 for a failed container).
+_TAIL_LINES = 80
 
 
 class ProcessSupervisor(abc.ABC):
@@ -73,6 +78,7 @@ class _Replica:
     exit: ReplicaExit | None = None
     threads: list[threading.Thread] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=_TAIL_LINES))
 
 
 class LocalProcessSupervisor(ProcessSupervisor):
@@ -126,7 +132,9 @@ class LocalProcessSupervisor(ProcessSupervisor):
         name = replica.launch.name
         with replica.process.stdout as stream:
             for raw in iter(stream.readline, b""):
-                self._console.replica_line(name, raw.decode(errors="replace").rstrip("\r\n"))
+                line = raw.decode(errors="replace").rstrip("\r\n")
+                replica.tail.append(line)
+                self._console.replica_line(name, line)
 
     def _wait_exit(self, replica: _Replica, reader: threading.Thread) -> None:
         assert replica.process is not None
@@ -138,7 +146,8 @@ class LocalProcessSupervisor(ProcessSupervisor):
     def _record_exit(self, replica: _Replica, returncode: int) -> None:
         with self._lock:
             self._sequence += 1
-            replica.exit = ReplicaExit(returncode, self._sequence)
+            error = last_error_line(list(replica.tail)) if returncode != 0 else None
+            replica.exit = ReplicaExit(returncode, self._sequence, error)
         replica.done.set()
         self._changed.set()
 
