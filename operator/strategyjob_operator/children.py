@@ -447,6 +447,9 @@ def build_pod(
     _with_env(container, env)
     _with_token(container, token_secret_name(job, owner), len(env))
     _with_port(container, job.port if tfjob is None else tfjob.port(replica_type))
+    # A failed container's last log lines become its termination message, whence a failure's
+    # condition quotes the error (``ValueError: bad batch``); a template's own policy stays.
+    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     # A TFJob runs unchanged: Kubeflow's TensorFlow images run as root, which training-
     # operator allows; its pods get the other restricted defaults only.
     _with_security_defaults(pod_spec, meta.get("annotations") or {}, non_root=tfjob is None)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from strategyjob import jobspec
+from strategyjob.errors import last_error_line
 
 from strategyjob_operator import constants as c
 from strategyjob_operator.draft import Draft
@@ -70,15 +71,19 @@ def describe_disruption(reason: str) -> str:
 
 
 def _describe(replica: Replica) -> str:
+    """E.g. ``exited with code 1 (Error): ValueError: bad batch``: the exit, then the error
+    line of the container's termination message (its last log lines), if it has one."""
     if replica.disruption:
         text = describe_disruption(replica.disruption)
         if replica.exit_code is not None:
             text += f" and exited with code {replica.exit_code}"
-        return text
-    if replica.exit_code is not None:
+    elif replica.exit_code is not None:
         text = f"exited with code {replica.exit_code}"
-        return f"{text} ({replica.reason})" if replica.reason else text
-    return f"failed ({replica.reason or 'no exit code'})"
+        text = f"{text} ({replica.reason})" if replica.reason else text
+    else:
+        text = f"failed ({replica.reason or 'no exit code'})"
+    error = last_error_line(replica.message.splitlines()) if replica.message else None
+    return f"{text}: {error}" if error else text
 
 
 def find_failures(
@@ -93,7 +98,9 @@ def find_failures(
     was created, a missing pod counts as a failure of its replica, unless the replica
     had already ``finished`` (completed, or an evaluator given up). A pod in phase Unknown
     (its node lost) fails its replica once it has been so for ``lost_after`` seconds, as
-    if it had no exit code (its restart policy decides)."""
+    if it had no exit code (its restart policy decides). A replica that serves until the
+    job ends (a ps, a ParameterServerStrategy worker) fails when it exits at all: with
+    code 0 it is retried by ``OnFailure`` and ``Always`` only, as an exit code below 128."""
     found: list[tuple[str, Failure]] = []
     for t, i in job.replicas():
         if (t, i) in finished:
@@ -113,6 +120,9 @@ def find_failures(
             found.append(
                 (r.finished_at or "", Failure(r, t, i, is_retryable(policy, r.exit_code), desc))
             )
+        elif r.phase == "Succeeded" and not r.terminating and jobspec.serves_until_stopped(job, t):
+            early = Failure(r, t, i, is_retryable(policy, 0), jobspec.early_exit(t))
+            found.append((r.finished_at or "", early))
         elif (
             now is not None
             and (left := lost_seconds_left(r, now, lost_after)) is not None

@@ -45,6 +45,9 @@ class Replica:
     terminating: bool = False
     exit_code: int | None = None
     reason: str | None = None  # e.g. OOMKilled, Error, Evicted
+    #: The failed training container's termination message: what it wrote to
+    #: ``/dev/termination-log``, else (``FallbackToLogsOnError``) its last log lines.
+    message: str | None = None
     finished_at: str | None = None
     #: The pod's own phase when it differs from ``phase`` (a sidecar still running).
     pod_phase: str | None = None
@@ -218,6 +221,7 @@ def replica_from_pod(pod: Mapping[str, Any], training_container_name: str) -> Re
         terminated = _any_terminated(pod)
     exit_code = terminated.get("exitCode") if phase == "Failed" else None
     reason = (terminated.get("reason") or status.get("reason")) if phase == "Failed" else None
+    message = terminated.get("message") if phase == "Failed" else None
     stuck = _stuck(pod) if phase == "Pending" else None
     disrupted = disruption(pod)
     grace = meta.get("deletionGracePeriodSeconds")
@@ -229,6 +233,7 @@ def replica_from_pod(pod: Mapping[str, Any], training_container_name: str) -> Re
         terminating=bool(meta.get("deletionTimestamp")),
         exit_code=exit_code,
         reason=reason,
+        message=message if isinstance(message, str) and message else None,
         finished_at=terminated.get("finishedAt"),
         pod_phase=pod_phase if pod_phase != phase else None,
         created_at=meta.get("creationTimestamp"),

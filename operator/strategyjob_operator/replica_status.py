@@ -75,6 +75,10 @@ def finished_replicas(
         prev = old.get(t) if isinstance(old, Mapping) else None
         prev = prev if isinstance(prev, Mapping) else {}
         n = job.num_replicas(t)
+        if jobspec.serves_until_stopped(job, t):
+            # Never completes: its exit is a failure (failures.find_failures).
+            completed[t], given_up[t] = set(), set()
+            continue
         done = parse_indexes(prev.get("completedIndexes"), n)
         done |= {
             r.index

@@ -197,9 +197,15 @@ class Kube:
         return wait_for(f"{count} pods of {job}", ready, timeout)
 
     def set_phase(
-        self, pod: str, phase: str, exit_code: int | None = None, reason: str | None = None
+        self,
+        pod: str,
+        phase: str,
+        exit_code: int | None = None,
+        reason: str | None = None,
+        message: str | None = None,
     ) -> None:
-        """Play the kubelet: write the pod's phase (and its container's exit)."""
+        """Play the kubelet: write the pod's phase (and its container's exit, with its
+        termination ``message``: the last log lines under ``FallbackToLogsOnError``)."""
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         container = self.core.read_namespaced_pod(pod, self.ns).spec.containers[0].name
         state: dict[str, Any] = {"running": {"startedAt": now}}
@@ -212,6 +218,8 @@ class Kube:
                     "finishedAt": now,
                 }
             }
+            if message is not None:
+                state["terminated"]["message"] = message
         status = {
             "phase": phase,
             "containerStatuses": [

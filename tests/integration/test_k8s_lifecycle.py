@@ -3,6 +3,8 @@ pod phases written through the API (no kubelet runs here)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from integration_harness import manifest, wait_for
 
@@ -155,6 +157,46 @@ def test_parameter_server_ps_failure_restarts_the_job(kube, operator):
     kube.set_phase("pps-ps-0", "Failed", exit_code=1)
     new_uids(kube, "pps", {p.metadata.uid for p in pods.values()}, 3)
     assert kube.condition("pps", "Restarting")["reason"] == "JobRestarting"
+
+
+def test_a_ps_exiting_0_restarts_the_job_at_once_and_a_failure_quotes_its_error(kube, operator):
+    """A ps ends with 0 while the job runs: the job restarts at once naming it (not when the
+    chief's timeout notices); then the chief fails and the Failed condition quotes its error
+    from the termination message the kubelet fills with its last log lines."""
+    m = manifest(
+        "pse",
+        "ParameterServerStrategy",
+        {"chief": 1, "worker": 1, "ps": 1},
+        restart_policy="OnFailure",
+        run_policy={"backoffLimit": 1},
+    )
+    pods = start(kube, m, 3)
+    created = kube.core.read_namespaced_pod("pse-ps-0", kube.ns)
+    assert created.spec.containers[0].termination_message_policy == "FallbackToLogsOnError"
+    exited = time.monotonic()
+    kube.set_phase("pse-ps-0", "Succeeded", exit_code=0)
+    cond = kube.wait_condition("pse", "Restarting")
+    print(f"ps exit 0 -> Restarting after {time.monotonic() - exited:.2f}s")
+    assert cond["reason"] == "JobRestarting", explained(operator, kube, "pse")
+    assert (
+        "ps-0 exited with code 0 while the job ran (a ps serves until the job ends) "
+        "(restart 1 of 1)" in cond["message"]
+    )
+    pods = new_uids(kube, "pse", {p.metadata.uid for p in pods.values()}, 3)
+    for pod in pods:
+        kube.set_phase(pod, "Running")
+    traceback = (
+        "step 3 loss=0.2\nTraceback (most recent call last):\n"
+        '  File "/app/train.py", line 9, in <module>\n'
+        '    raise ValueError("bad batch")\nValueError: bad batch\n'
+    )
+    kube.set_phase("pse-chief-0", "Failed", exit_code=1, message=traceback)
+    failed = kube.wait_condition("pse", "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert (
+        "chief-0 exited with code 1 (Error): ValueError: bad batch, and backoffLimit=1"
+        in (failed["message"])
+    )
 
 
 def test_backoff_limit_exhaustion_fails_with_the_last_failure(kube, operator):

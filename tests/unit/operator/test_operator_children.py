@@ -47,6 +47,9 @@ def test_pod_is_named_addressed_labelled_and_owned():
     assert pod["metadata"]["name"] == "mnist-worker-1"
     assert pod["spec"]["hostname"] == "mnist-worker-1" and pod["spec"]["subdomain"] == "mnist"
     assert pod["spec"]["restartPolicy"] == "Never"
+    # the last log lines of a failed container become its termination message, which the
+    # failure's condition quotes
+    assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert pod["metadata"]["labels"] == {
         "team": "a",
         c.LABEL_JOB_NAME: "mnist",
