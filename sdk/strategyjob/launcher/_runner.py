@@ -30,7 +30,14 @@ from strategyjob.jobspec import (
     serves_until_stopped,
     tfjob_replica_env,
 )
-from strategyjob.launcher._decision import Decision, Phase, ReplicaKey, decide, replica_name
+from strategyjob.launcher._decision import (
+    Decision,
+    Failure,
+    Phase,
+    ReplicaKey,
+    decide,
+    replica_name,
+)
 from strategyjob.launcher._output import Console, ProgressFile, format_elapsed, format_report
 from strategyjob.launcher._plan import (
     ReplicaEnv,
@@ -272,7 +279,7 @@ class _JobRun:
         self.console.clear_status()
         exits = self.supervisor.exits()
         late_failures = [
-            f"{replica_name(k)} {e.describe()}"
+            Failure(k, e).describe()
             for k, e in sorted(exits.items(), key=lambda item: item[1].sequence)
             if not e.succeeded and k not in stopped
         ]
