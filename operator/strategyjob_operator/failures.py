@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from strategyjob import jobspec
-from strategyjob.errors import last_error_line
+from strategyjob.errors import exit_error_line
 
 from strategyjob_operator import constants as c
 from strategyjob_operator.draft import Draft
@@ -82,7 +82,7 @@ def _describe(replica: Replica) -> str:
         text = f"{text} ({replica.reason})" if replica.reason else text
     else:
         text = f"failed ({replica.reason or 'no exit code'})"
-    error = last_error_line(replica.message.splitlines()) if replica.message else None
+    error = exit_error_line(replica.exit_code, (replica.message or "").splitlines())
     return f"{text}: {error}" if error else text
 
 

@@ -33,6 +33,15 @@ def last_error_line(lines: Iterable[str]) -> str | None:
     return found if len(found) <= ERROR_LINE_MAX else found[: ERROR_LINE_MAX - 3] + "..."
 
 
+def exit_error_line(exit_code: int | None, lines: Iterable[str]) -> str | None:
+    """:func:`last_error_line` of a process that ended by an error of its own (exit code
+    1-127); None for one that succeeded or was killed by a signal (128 and above: OOM,
+    SIGKILL, a shell's child killed), whose last lines do not say why it ended."""
+    if exit_code is None or not 0 < exit_code < 128:
+        return None
+    return last_error_line(lines)
+
+
 class StrategyJobError(Exception):
     """Base class of the errors StrategyJob adds beyond TensorFlow's."""
 

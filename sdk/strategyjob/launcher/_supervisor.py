@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from strategyjob.errors import last_error_line
+from strategyjob.errors import exit_error_line
 from strategyjob.launcher._decision import ReplicaExit, ReplicaKey
 from strategyjob.launcher._output import Console
 from strategyjob.launcher._plan import ReplicaLaunch
@@ -146,7 +146,7 @@ class LocalProcessSupervisor(ProcessSupervisor):
     def _record_exit(self, replica: _Replica, returncode: int) -> None:
         with self._lock:
             self._sequence += 1
-            error = last_error_line(list(replica.tail)) if returncode != 0 else None
+            error = exit_error_line(returncode, list(replica.tail))
             replica.exit = ReplicaExit(returncode, self._sequence, error)
         replica.done.set()
         self._changed.set()

@@ -3,7 +3,7 @@ the operator's conditions."""
 
 from __future__ import annotations
 
-from strategyjob.errors import ERROR_LINE_MAX, last_error_line
+from strategyjob.errors import ERROR_LINE_MAX, exit_error_line, last_error_line
 
 TRACEBACK = """\
 step 3 loss=0.2
@@ -35,6 +35,14 @@ def test_without_a_traceback_the_last_line_that_says_error():
     lines = ["epoch 1", "fatal: could not read data.csv", "cleaning up"]
     assert last_error_line(lines) == "fatal: could not read data.csv"
     assert last_error_line(["sh: 1: trian.py: not found"]) == "sh: 1: trian.py: not found"
+
+
+def test_only_a_process_that_ended_by_its_own_error_has_one():
+    """Killed by a signal (OOM, SIGKILL; 128 and above from a shell), its last lines do not
+    say why it ended: an old warning would be quoted as the cause."""
+    lines = TRACEBACK.splitlines()
+    assert exit_error_line(1, lines) == "ValueError: bad batch"
+    assert [exit_error_line(code, lines) for code in (None, 0, 128, 137, -9)] == [None] * 5
 
 
 def test_no_error_line_is_none_and_a_long_one_is_cut():
