@@ -206,3 +206,26 @@ def test_the_failure_quotes_the_error_line_of_the_culprit():
     )
     assert decision.reason == "worker-1 exited with code 1: ValueError: bad batch"
     assert decision.failures[1].describe().startswith("worker-0 exited with code 1: strategy")
+
+
+def test_an_evaluator_failure_restarts_it_alone_then_gives_it_up():
+    """As the operator: an evaluator never fails the job nor uses its backoffLimit; it is
+    restarted alone up to backoffLimit times of its own, then the job goes on without it."""
+    job = ps_job(runPolicy={"backoffLimit": 2})
+    failed = {("evaluator", 0): ReplicaExit(1, 1, "ValueError: no checkpoint")}
+    decision = decide(job, failed, optional_restarts=1)
+    assert decision.phase is Phase.RESTART_OPTIONAL and decision.restart == (("evaluator", 0),)
+    assert decision.reason == "evaluator-0 exited with code 1: ValueError: no checkpoint"
+    decision = decide(job, failed, restarts=2, optional_restarts=2)
+    assert decision.phase is Phase.GIVE_UP
+    assert decision.reason.endswith("; it was restarted 2 times (backoffLimit=2)")
+    never = decide(ps_job("Never"), failed)
+    assert never.phase is Phase.GIVE_UP
+    assert never.reason.endswith("; restartPolicy Never does not retry it")
+    assert decide(job, failed, given_up={("evaluator", 0)}).phase is Phase.RUNNING
+
+
+def test_a_training_failure_comes_before_an_evaluators():
+    job = ps_job("Never")
+    decision = decide(job, exits(("evaluator", 0, 1), ("chief", 0, 3)))
+    assert decision.phase is Phase.FAILED and decision.reason == "chief-0 exited with code 3"

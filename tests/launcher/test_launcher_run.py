@@ -307,6 +307,64 @@ def test_the_summary_quotes_the_culprits_error_line(tmp_path):
     assert lines[-1] == "strategyjob:   stopped: worker-0"
 
 
+@pytest.mark.parametrize("policy", ["OnFailure", "Never"])
+def test_a_failed_evaluator_restarts_alone_or_is_given_up_and_the_job_goes_on(tmp_path, policy):
+    """As the operator: an evaluator's failure never restarts nor fails the job."""
+    manifest = write_job(
+        tmp_path,
+        {
+            "chief": (
+                1,
+                """
+                import os, time
+                with open("chief-starts", "a") as f:
+                    f.write("x")
+                while not os.path.exists("evaluator-done"):
+                    time.sleep(0.02)
+                print("chief done")
+                """,
+            ),
+            "evaluator": (
+                1,
+                """
+                import os, time
+                with open("evaluator-starts", "a") as f:
+                    f.write("x")
+                if os.path.getsize("evaluator-starts") == 1:
+                    open("evaluator-failing", "w").close()
+                    raise ValueError("no checkpoint yet")
+                open("evaluator-done", "w").close()
+                time.sleep(300)
+                """,
+            ),
+        },
+        restart_policy=policy,
+        runPolicy={"backoffLimit": 1},
+    )
+    if policy == "Never":  # the chief ends once the evaluator was given up
+        (tmp_path / "chief.py").write_text(
+            (tmp_path / "chief.py").read_text().replace("evaluator-done", "evaluator-failing")
+        )
+    result = run_cli(manifest, "--grace-period", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    failed = "strategyjob: evaluator-0 exited with code 1: ValueError: no checkpoint yet"
+    if policy == "OnFailure":
+        assert (
+            f"{failed}; restarting evaluator-0 alone (evaluator restart 1 of 1, not counted "
+            "against the job's backoffLimit)" in lines
+        )
+        assert (tmp_path / "evaluator-starts").read_text() == "xx"
+    else:
+        assert (
+            f"{failed}; restartPolicy Never does not retry it. The job goes on without it "
+            "(an evaluator never fails the job)." in lines
+        )
+    assert (tmp_path / "chief-starts").read_text() == "x"  # the job was not restarted
+    assert lines[-1].startswith("strategyjob: job demo succeeded in ")
+    assert "restarting the whole job" not in result.stdout
+
+
 def test_replica_killed_by_a_signal_is_described(tmp_path):
     manifest = write_job(
         tmp_path, {"worker": (1, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")}

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import enum
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
 from strategyjob.jobspec import StrategyJob, early_exit, serves_until_stopped, success_replicas
 
 ReplicaKey = tuple[str, int]
+#: Replica types whose failure never fails the job nor uses its ``backoffLimit``: the
+#: evaluator, outside training (as the operator: restarted alone, then only reported).
+OPTIONAL_TYPES = ("evaluator",)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class Phase(enum.Enum):
     FAILED = "Failed"
     RESTART_JOB = "RestartJob"
     RESTART_REPLICAS = "RestartReplicas"
+    #: An evaluator restarted alone, not counted against ``backoffLimit``.
+    RESTART_OPTIONAL = "RestartOptional"
+    #: An evaluator not restarted any more: reported once, the job goes on without it.
+    GIVE_UP = "GiveUp"
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,9 @@ def decide(
     exits: Mapping[ReplicaKey, ReplicaExit],
     restarts: int = 0,
     elapsed: float = 0.0,
+    *,
+    optional_restarts: int = 0,
+    given_up: Set[ReplicaKey] = frozenset(),
 ) -> Decision:
     """The job's next step, from the exits seen so far in the current attempt.
 
@@ -126,6 +136,10 @@ def decide(
       restarts were made, the job restarts: under ParameterServerStrategy failed
       workers restart alone; every other strategy is collective, so the whole job
       restarts. Otherwise the job fails, first failure first.
+    * An evaluator's failure never fails the job (:data:`OPTIONAL_TYPES`): it restarts
+      alone while its policy retries it and ``optional_restarts`` (its restarts so far) is
+      under ``backoffLimit``, else it is given up (the caller passes it in ``given_up``
+      from then on) and the job goes on without it.
     * A replica that serves until the job ends (:func:`serves_until_stopped`: a ps, a
       ParameterServerStrategy worker) fails when it exits at all, code 0 included, unless
       the job had already succeeded.
@@ -144,12 +158,17 @@ def decide(
     failures = tuple(
         Failure(key, exit, early=exit.succeeded)
         for key, exit in sorted(exits.items(), key=lambda item: item[1].sequence)
-        if not exit.succeeded
-        or (
-            serves_until_stopped(job, key[0])
-            and (succeeded_at is None or exit.sequence < succeeded_at)
+        if key not in given_up
+        and (
+            not exit.succeeded
+            or (
+                serves_until_stopped(job, key[0])
+                and (succeeded_at is None or exit.sequence < succeeded_at)
+            )
         )
     )
+    optional = tuple(f for f in failures if f.key[0] in OPTIONAL_TYPES)
+    failures = tuple(f for f in failures if f.key[0] not in OPTIONAL_TYPES)
     if failures:
         first = failures[0].describe()
         retryable = all(f.retryable(job.replica_specs[f.key[0]].restart_policy) for f in failures)
@@ -165,10 +184,11 @@ def decide(
         ):
             return Decision(Phase.RESTART_REPLICAS, first, failures, tuple(f.key for f in failures))
         return Decision(Phase.RESTART_JOB, first, failures)
-
     if all(key in exits for key in needed):
         names = ", ".join(replica_name(k) for k in needed)
         return Decision(Phase.SUCCEEDED, f"{names} succeeded")
+    if optional:
+        return _decide_optional(job, optional, optional_restarts)
 
     deadline = job.run_policy.active_deadline_seconds
     if deadline is not None and elapsed >= deadline:
@@ -176,3 +196,19 @@ def decide(
             Phase.FAILED, f"the job ran longer than activeDeadlineSeconds ({deadline}s)"
         )
     return Decision(Phase.RUNNING)
+
+
+def _decide_optional(job: StrategyJob, failures: tuple[Failure, ...], restarts: int) -> Decision:
+    """Restart failed evaluators alone, or give them up, as the operator does."""
+    first = failures[0].describe()
+    keys = tuple(f.key for f in failures)
+    limit = job.run_policy.backoff_limit
+    permanent = [f for f in failures if not f.retryable(job.replica_specs[f.key[0]].restart_policy)]
+    if not permanent and restarts < limit:
+        return Decision(Phase.RESTART_OPTIONAL, first, failures, keys)
+    if permanent:
+        policy = job.replica_specs[permanent[0].key[0]].restart_policy
+        why = f"restartPolicy {policy} does not retry it"
+    else:
+        why = f"it was restarted {restarts} times (backoffLimit={limit})"
+    return Decision(Phase.GIVE_UP, f"{first}; {why}", failures, keys)

@@ -167,6 +167,8 @@ class _JobRun:
         self.clock = clock
         self.started = clock()
         self.restarts = 0
+        self.optional_restarts = 0  # an evaluator's, not counted against backoffLimit
+        self.given_up: set[ReplicaKey] = set()  # evaluators not restarted any more
         self.interrupt: int | None = None
         # What the launcher adds for the whole job, as the operator does in a cluster: a
         # fresh token (the ps servers refuse calls without it) and where the leader's
@@ -213,6 +215,23 @@ class _JobRun:
                 return self._finish_succeeded(decision)
             if decision.phase is Phase.FAILED:
                 return self._finish_failed(decision)
+            if decision.phase is Phase.GIVE_UP:
+                self.given_up.update(decision.restart)
+                self.say(
+                    f"{decision.reason}. The job goes on without it (an evaluator never "
+                    "fails the job)."
+                )
+                continue
+            if decision.phase is Phase.RESTART_OPTIONAL:
+                self.optional_restarts += 1
+                self.say(
+                    f"{decision.reason}; restarting {_names(decision.restart)} alone (evaluator "
+                    f"restart {self.optional_restarts} of {self.job.run_policy.backoff_limit}, "
+                    "not counted against the job's backoffLimit)"
+                )
+                for key in decision.restart:
+                    self.supervisor.start(launches[key])
+                continue
             self.restarts += 1
             limit = self.job.run_policy.backoff_limit
             if decision.phase is Phase.RESTART_REPLICAS:
@@ -229,6 +248,7 @@ class _JobRun:
                 )
                 self.supervisor.stop(grace=self.grace)
                 self.supervisor.forget()
+                self.given_up.clear()  # the new run starts every replica
                 launches = self._start_all()
 
     def _start_all(self) -> dict[ReplicaKey, ReplicaLaunch]:
@@ -253,7 +273,14 @@ class _JobRun:
     def _wait_for_decision(self) -> Decision:
         while True:
             self._check_interrupt()
-            decision = decide(self.job, self.supervisor.exits(), self.restarts, self._seconds())
+            decision = decide(
+                self.job,
+                self.supervisor.exits(),
+                self.restarts,
+                self._seconds(),
+                optional_restarts=self.optional_restarts,
+                given_up=self.given_up,
+            )
             self._show_status()
             if decision.phase is not Phase.RUNNING:
                 return decision
@@ -281,7 +308,7 @@ class _JobRun:
         late_failures = [
             Failure(k, e).describe()
             for k, e in sorted(exits.items(), key=lambda item: item[1].sequence)
-            if not e.succeeded and k not in stopped
+            if not e.succeeded and k not in stopped and k not in self.given_up
         ]
         succeeded = sum(1 for e in exits.values() if e.succeeded)
         summary = f"job {self.job.name} succeeded in {self.elapsed()} ({decision.reason}"
