@@ -472,6 +472,19 @@ def test_invalid_manifest_starts_nothing(tmp_path, strategy, counts, expected):
     assert not (tmp_path / "started").exists()
 
 
+@pytest.mark.parametrize("value", ["-5", "nan", "soon"])
+def test_a_grace_period_that_is_not_a_duration_is_refused(tmp_path, value):
+    """``--grace-period -5`` would be a SIGKILL at once, not the grace the user asked for."""
+    manifest = write_job(tmp_path, {"worker": (1, MARKER_SCRIPT)})
+    result = run_cli(manifest, "--grace-period", value)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"strategyjob run: error: argument --grace-period: must be a number of seconds, "
+        f"0 or more (got {value!r}); e.g. 10"
+    )
+    assert not (tmp_path / "started").exists()
+
+
 def test_container_without_command_is_refused_before_start(tmp_path):
     manifest = write_job(tmp_path, {"chief": (1, MARKER_SCRIPT), "worker": (1, MARKER_SCRIPT)})
     data = yaml.safe_load(manifest.read_text())
