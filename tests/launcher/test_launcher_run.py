@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 from strategyjob import cli
+from strategyjob.jobspec import load_manifest_file
 from strategyjob.launcher import local_replica_limit
+from strategyjob.launcher._plan import ignored_template_fields
 
 from tests.support.processes import default_interrupts
 
@@ -368,6 +370,62 @@ def test_whole_job_restart_on_failure(tmp_path):
     assert "[worker-1] attempt restart 1" in lines
     assert "[worker-0] attempt restart 1" in lines  # the whole job, not only the failed replica
     assert "; 1 restarts)" in lines[-1]
+
+
+def test_pod_template_fields_only_a_cluster_applies_are_named_once(tmp_path):
+    """A cluster manifest run locally: its volume, workingDir, init and sidecar containers are
+    not applied, so a path in them is this machine's (the cluster example wrote /checkpoints
+    on the host). One warning names them, not one per restart."""
+    manifest = write_job(
+        tmp_path,
+        {
+            "worker": (
+                1,
+                """
+                import os, sys
+                first = not os.path.exists("started")
+                open("started", "a").close()
+                print("cwd", os.getcwd(), flush=True)
+                sys.exit(1 if first else 0)
+                """,
+            )
+        },
+        restart_policy="OnFailure",
+        runPolicy={"backoffLimit": 1},
+    )
+    data = yaml.safe_load(manifest.read_text())
+    pod_spec = data["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    pod_spec["containers"][0].update(
+        workingDir="/opt/app", volumeMounts=[{"name": "data", "mountPath": "/checkpoints"}]
+    )
+    pod_spec["containers"].append({"name": "logs", "image": "busybox"})
+    pod_spec["initContainers"] = [{"name": "prepare", "image": "busybox"}]
+    pod_spec["volumes"] = [{"name": "data", "hostPath": {"path": "/tmp/data"}}]
+    pod_spec["nodeSelector"] = {"disk": "ssd"}  # where a pod runs: nothing a replica sees
+    manifest.write_text(yaml.safe_dump(data))
+    result = run_cli(manifest)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "warning" in line]
+    assert warnings == [
+        "strategyjob: warning: strategyjob run ignores what only a cluster applies in the pod "
+        "templates of worker: volumes, initContainers, other containers (logs), workingDir, "
+        f"volumeMounts; every replica runs in {tmp_path.resolve()}, with this machine's files, "
+        "user and resources"
+    ]
+    assert result.stdout.count(f"[worker-0] cwd {tmp_path.resolve()}") == 2  # and a restart
+
+
+def test_a_manifest_for_this_machine_gets_no_such_warning():
+    examples = Path(__file__).parents[2] / "examples"
+    assert ignored_template_fields(load_manifest_file(examples / "digits_mwms/job.yaml")) == (
+        [],
+        [],
+    )
+    cluster = load_manifest_file(examples / "digits_mwms/k8s.yaml")
+    assert ignored_template_fields(cluster) == (
+        ["volumes", "initContainers", "workingDir", "volumeMounts"],
+        ["worker"],
+    )
 
 
 def test_backoff_limit_exhausted_fails(tmp_path):

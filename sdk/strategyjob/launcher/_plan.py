@@ -20,6 +20,7 @@ from strategyjob.jobspec import (
     StrategyJob,
     replica_env,
     training_container,
+    training_container_index,
 )
 
 LOCAL_HOST = "127.0.0.1"
@@ -112,6 +113,50 @@ def local_cluster(job: StrategyJob, ports: list[int] | None = None) -> dict[str,
     for (replica_type, _), port in zip(keys, ports, strict=True):
         cluster.setdefault(replica_type, []).append(f"{LOCAL_HOST}:{port}")
     return cluster
+
+
+#: Pod spec fields that change what a replica sees on a cluster and that ``strategyjob run``,
+#: which starts the training container's command as a process here, does not apply. Where
+#: pods are scheduled (nodeSelector, affinity, tolerations...) is left out: it changes
+#: nothing a replica sees. ``terminationGracePeriodSeconds`` is applied (the grace period).
+IGNORED_POD_FIELDS = ("volumes", "initContainers", "securityContext", "hostAliases")
+#: The training container's fields likewise: only command, args, env (its values; valueFrom
+#: is warned about per replica), name and image (checked, never pulled) are read.
+IGNORED_CONTAINER_FIELDS = (
+    "workingDir",
+    "volumeMounts",
+    "volumeDevices",
+    "envFrom",
+    "resources",
+    "securityContext",
+    "lifecycle",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+)
+
+
+def ignored_template_fields(job: StrategyJob) -> tuple[list[str], list[str]]:
+    """``(fields, replica types)``: the pod-template fields set in ``job`` that only a cluster
+    applies (:data:`IGNORED_POD_FIELDS`, other containers, then the training container's
+    :data:`IGNORED_CONTAINER_FIELDS`), each once, and the replica types that set them."""
+    fields: dict[str, None] = {}  # ordered set
+    types = []
+    for replica_type, spec in job.replica_specs.items():
+        if spec.replicas == 0:
+            continue
+        pod_spec = spec.template.get("spec") or {}
+        found = [f for f in IGNORED_POD_FIELDS if pod_spec.get(f)]
+        training = training_container_index(spec.template)
+        containers = pod_spec.get("containers") or []
+        others = [str(c.get("name")) for i, c in enumerate(containers) if i != training]
+        if others:
+            found.append(f"other containers ({', '.join(others)})")
+        found += [f for f in IGNORED_CONTAINER_FIELDS if containers[training].get(f)]
+        if found:
+            fields.update(dict.fromkeys(found))
+            types.append(replica_type)
+    return list(fields), types
 
 
 def check_runnable(job: StrategyJob) -> None:
