@@ -543,40 +543,42 @@ def test_a_grace_period_that_is_not_a_duration_is_refused(tmp_path, value):
     assert not (tmp_path / "started").exists()
 
 
-def test_a_misspelt_container_field_is_refused_before_start(tmp_path):
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        pytest.param(
+            {"command": None, "comand": ["python", "worker.py"]},
+            'comand: unknown field of a Kubernetes container (got "comand"). Did you mean '
+            "command? Remove it or fix its name; kubectl explain pod.spec.containers lists the "
+            "fields.",
+            id="misspelt-field",
+        ),
+        pytest.param(
+            # never pulled here, but a cluster's pods would wait in InvalidImageName
+            {"image": "Trainer:latest"},
+            "image: not an image the cluster can pull, its pods would wait in InvalidImageName "
+            "(invalid reference format: repository name (library/Trainer) must be lowercase) "
+            '(got "Trainer:latest"). Write [registry[:port]/]name[:tag][@sha256:digest], the '
+            "name in lowercase, e.g. python:3.11.",
+            id="invalid-image",
+        ),
+    ],
+)
+def test_a_container_the_cluster_would_refuse_is_refused_before_start(tmp_path, change, problem):
     manifest = write_job(tmp_path, {"worker": (1, MARKER_SCRIPT)})
     data = yaml.safe_load(manifest.read_text())
     container = data["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-    container["comand"] = container.pop("command")
+    for key, value in change.items():
+        if value is None:
+            del container[key]
+        else:
+            container[key] = value
     manifest.write_text(yaml.safe_dump(data))
     result = run_cli(manifest)
     assert result.returncode == 2
     assert result.stderr == (
         f"strategyjob run: error: {manifest}: spec.replicaSpecs.worker.template.spec."
-        'containers[0].comand: unknown field of a Kubernetes container (got "comand"). Did you '
-        "mean command? Remove it or fix its name; kubectl explain pod.spec.containers lists "
-        "the fields.\n"
-    )
-    assert not (tmp_path / "started").exists()
-
-
-def test_an_image_the_cluster_would_refuse_is_refused_before_start(tmp_path):
-    """strategyjob run never pulls the image, but the same manifest on a cluster would wait
-    in InvalidImageName: refused here too, with the kubelet's reason."""
-    manifest = write_job(tmp_path, {"worker": (1, MARKER_SCRIPT)})
-    data = yaml.safe_load(manifest.read_text())
-    data["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"] = (
-        "Trainer:latest"
-    )
-    manifest.write_text(yaml.safe_dump(data))
-    result = run_cli(manifest)
-    assert result.returncode == 2
-    assert result.stderr == (
-        f"strategyjob run: error: {manifest}: spec.replicaSpecs.worker.template.spec."
-        "containers[0].image: not an image the cluster can pull, its pods would wait in "
-        "InvalidImageName (invalid reference format: repository name (library/Trainer) must "
-        'be lowercase) (got "Trainer:latest"). Write [registry[:port]/]name[:tag]'
-        "[@sha256:digest], the name in lowercase, e.g. python:3.11.\n"
+        f"containers[0].{problem}\n"
     )
     assert not (tmp_path / "started").exists()
 
