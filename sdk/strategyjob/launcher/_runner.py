@@ -237,7 +237,6 @@ class _JobRun:
             self.job,
             self.workdir,
             cluster,
-            warn=self.say,
             job_env=self.job_env,
             restart_attempt=self.restarts,
             env_of=self.env_of,
