@@ -120,6 +120,37 @@ def canonicalize(device: str | torch.device | LogicalDevice) -> LogicalDevice:
     return LogicalDevice(kind, index, job, replica, task)
 
 
+def local_device_count(device_type: str) -> int | None:
+    """How many ``device_type`` devices (torch's spelling) this process sees; None for the
+    CPU, whose logical devices are unbounded, and for a type torch cannot count."""
+    if device_type == "cpu":
+        return None
+    if device_type == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    module = getattr(torch, device_type, None)
+    count = getattr(module, "device_count", None)
+    return int(count()) if callable(count) else None
+
+
+def require_local(device: LogicalDevice) -> LogicalDevice:
+    """``device``, if this process has it. TensorFlow fails with ``<name> unknown device.``
+    only when the first tensor is placed there (a batch, deep in ``strategy.run``); the same
+    words, with what the machine has, come here when the strategy is made."""
+    count = local_device_count(device.device_type)
+    if count is None or device.index < count:
+        return device
+    kind = _TF_TYPE.get(device.device_type, device.device_type.upper())
+    seen = (
+        f"no {kind}"
+        if count == 0
+        else f"{count} {kind}{'s' if count > 1 else ''} ({kind}:0 to {kind}:{count - 1})"
+    )
+    raise RuntimeError(
+        f"{device.name} unknown device. This process sees {seen}: name one it has, e.g. "
+        "'/cpu:0', or pass no devices to use every local GPU (the CPU when there is none)."
+    )
+
+
 def all_local_devices() -> tuple[LogicalDevice, ...]:
     """All local GPUs, else the CPU: the default device list of MirroredStrategy."""
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:

@@ -35,10 +35,20 @@ def to_reduce_op(reduce_op: ReduceOp | str) -> ReduceOp:
     """Accepts a ``ReduceOp`` or a case-insensitive string (``"sum"``, ``"Mean"``), as TF's APIs do.
 
     ``ReduceOp("sum")`` itself stays strict (``ValueError: 'sum' is not a valid ReduceOp``),
-    like TensorFlow's enum; only the reduction APIs upper-case strings first.
+    like TensorFlow's enum; only the reduction APIs upper-case strings first. An op that is
+    neither gets TensorFlow's message followed by the valid ops (TF's stops at the first
+    sentence, which leaves a user guessing between ``"AVG"``, ``"MEAN"`` and ``"mean"``).
     """
     if isinstance(reduce_op, ReduceOp):
         return reduce_op
-    if isinstance(reduce_op, str):
-        return ReduceOp(reduce_op.upper())
-    return ReduceOp(reduce_op)
+    try:
+        return ReduceOp(reduce_op.upper() if isinstance(reduce_op, str) else reduce_op)
+    except ValueError as e:
+        raise ValueError(f"{e}. {VALID_OPS}") from None
+
+
+#: What :func:`to_reduce_op` appends to TensorFlow's message for an op it does not know.
+VALID_OPS = (
+    "Use one of: tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN, "
+    "or the strings 'sum' and 'mean' (in any case)."
+)

@@ -9,6 +9,7 @@ traceback), 2 bad input (usage, an unreadable manifest), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,20 @@ from typing import Any
 
 from strategyjob import __version__
 from strategyjob.errors import ClusterError, JobFailedError, StrategyJobError
+
+
+def seconds(text: str) -> float:
+    """A duration option: a finite number of seconds, 0 or more. A negative one would be
+    taken as 0 further down (``--grace-period -5``: SIGKILL at once), silently."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds, 0 or more (got {text!r}); e.g. 10"
+        )
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("manifest", metavar="FILE.yaml", help="the StrategyJob or TFJob manifest")
     run.add_argument(
         "--grace-period",
-        type=float,
+        type=seconds,
         default=None,
         metavar="SECONDS",
         help=(
@@ -120,7 +135,7 @@ def _add_cluster_commands(commands: Any) -> None:
     status.add_argument("-w", "--watch", action="store_true", help="redraw until it finishes")
     status.add_argument(
         "--interval",
-        type=float,
+        type=seconds,
         default=2.0,
         metavar="SECONDS",
         help="time between redraws with --watch (default: 2)",

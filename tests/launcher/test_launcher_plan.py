@@ -8,6 +8,7 @@ import sys
 import pytest
 from strategyjob.jobspec import load_manifest
 from strategyjob.launcher import LaunchError, build_launches, expand, free_ports, local_cluster
+from strategyjob.launcher._plan import ignored_template_fields
 
 
 def make_job(containers_by_type, strategy="MultiWorkerMirroredStrategy"):
@@ -107,20 +108,23 @@ def test_ps_and_evaluator_do_not_inherit_a_rank(tmp_path):
     assert by_name["worker-0"]["RANK"] == "1"
 
 
-def test_value_from_is_skipped_with_a_warning(tmp_path):
+def test_value_from_is_left_unset_and_named_once_for_the_job(tmp_path):
+    """Not once per replica and restart: the launcher's one warning names it."""
     container = {
         "name": "strategyjob",
         "command": ["python", "x.py"],
-        "env": [{"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        "env": [
+            {"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            {"name": "PLAIN", "value": "1"},
+        ],
     }
-    job = make_job({"worker": (1, [container])})
-    warnings: list[str] = []
-    (launch,) = build_launches(job, tmp_path, local_cluster(job), base_env={}, warn=warnings.append)
-    assert "SECRET" not in launch.env
-    assert warnings == [
-        "worker-0: env SECRET uses valueFrom, which strategyjob run cannot resolve locally; "
-        "it is left unset."
+    job = make_job({"worker": (2, [container])})
+    launches = build_launches(job, tmp_path, local_cluster(job), base_env={})
+    assert [("SECRET" in launch.env, launch.env["PLAIN"]) for launch in launches] == [
+        (False, "1"),
+        (False, "1"),
     ]
+    assert ignored_template_fields(job) == (["env SECRET's valueFrom (left unset)"], ["worker"])
 
 
 def test_container_without_command_cannot_run_locally(tmp_path):

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 from strategyjob import cli
+from strategyjob.jobspec import load_manifest_file
 from strategyjob.launcher import local_replica_limit
+from strategyjob.launcher._plan import ignored_template_fields
 
 from tests.support.processes import default_interrupts
 
@@ -544,6 +546,62 @@ def test_whole_job_restart_on_failure(tmp_path):
     assert "; 1 restarts)" in lines[-1]
 
 
+def test_pod_template_fields_only_a_cluster_applies_are_named_once(tmp_path):
+    """A cluster manifest run locally: its volume, workingDir, init and sidecar containers are
+    not applied, so a path in them is this machine's (the cluster example wrote /checkpoints
+    on the host). One warning names them, not one per restart."""
+    manifest = write_job(
+        tmp_path,
+        {
+            "worker": (
+                1,
+                """
+                import os, sys
+                first = not os.path.exists("started")
+                open("started", "a").close()
+                print("cwd", os.getcwd(), flush=True)
+                sys.exit(1 if first else 0)
+                """,
+            )
+        },
+        restart_policy="OnFailure",
+        runPolicy={"backoffLimit": 1},
+    )
+    data = yaml.safe_load(manifest.read_text())
+    pod_spec = data["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    pod_spec["containers"][0].update(
+        workingDir="/opt/app", volumeMounts=[{"name": "data", "mountPath": "/checkpoints"}]
+    )
+    pod_spec["containers"].append({"name": "logs", "image": "busybox"})
+    pod_spec["initContainers"] = [{"name": "prepare", "image": "busybox"}]
+    pod_spec["volumes"] = [{"name": "data", "hostPath": {"path": "/tmp/data"}}]
+    pod_spec["nodeSelector"] = {"disk": "ssd"}  # where a pod runs: nothing a replica sees
+    manifest.write_text(yaml.safe_dump(data))
+    result = run_cli(manifest)
+    assert result.returncode == 0, result.stdout + result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "warning" in line]
+    assert warnings == [
+        "strategyjob: warning: strategyjob run ignores what only a cluster applies in the pod "
+        "templates of worker: volumes, initContainers, other containers (logs), workingDir, "
+        f"volumeMounts; every replica runs in {tmp_path.resolve()}, with this machine's files, "
+        "user and resources"
+    ]
+    assert result.stdout.count(f"[worker-0] cwd {tmp_path.resolve()}") == 2  # and a restart
+
+
+def test_a_manifest_for_this_machine_gets_no_such_warning():
+    examples = Path(__file__).parents[2] / "examples"
+    assert ignored_template_fields(load_manifest_file(examples / "digits_mwms/job.yaml")) == (
+        [],
+        [],
+    )
+    cluster = load_manifest_file(examples / "digits_mwms/k8s.yaml")
+    assert ignored_template_fields(cluster) == (
+        ["volumes", "initContainers", "workingDir", "volumeMounts"],
+        ["worker"],
+    )
+
+
 def test_backoff_limit_exhausted_fails(tmp_path):
     manifest = write_job(
         tmp_path,
@@ -643,6 +701,59 @@ def test_invalid_manifest_starts_nothing(tmp_path, strategy, counts, expected):
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"strategyjob run: error: {manifest}: {expected}")
     assert result.stdout == ""
+    assert not (tmp_path / "started").exists()
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "soon"])
+def test_a_grace_period_that_is_not_a_duration_is_refused(tmp_path, value):
+    """``--grace-period -5`` would be a SIGKILL at once, not the grace the user asked for."""
+    manifest = write_job(tmp_path, {"worker": (1, MARKER_SCRIPT)})
+    result = run_cli(manifest, "--grace-period", value)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"strategyjob run: error: argument --grace-period: must be a number of seconds, "
+        f"0 or more (got {value!r}); e.g. 10"
+    )
+    assert not (tmp_path / "started").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        pytest.param(
+            {"command": None, "comand": ["python", "worker.py"]},
+            'comand: unknown field of a Kubernetes container (got "comand"). Did you mean '
+            "command? Remove it or fix its name; kubectl explain pod.spec.containers lists the "
+            "fields.",
+            id="misspelt-field",
+        ),
+        pytest.param(
+            # never pulled here, but a cluster's pods would wait in InvalidImageName
+            {"image": "Trainer:latest"},
+            "image: not an image the cluster can pull, its pods would wait in InvalidImageName "
+            "(invalid reference format: repository name (library/Trainer) must be lowercase) "
+            '(got "Trainer:latest"). Write [registry[:port]/]name[:tag][@sha256:digest], the '
+            "name in lowercase, e.g. python:3.11.",
+            id="invalid-image",
+        ),
+    ],
+)
+def test_a_container_the_cluster_would_refuse_is_refused_before_start(tmp_path, change, problem):
+    manifest = write_job(tmp_path, {"worker": (1, MARKER_SCRIPT)})
+    data = yaml.safe_load(manifest.read_text())
+    container = data["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    for key, value in change.items():
+        if value is None:
+            del container[key]
+        else:
+            container[key] = value
+    manifest.write_text(yaml.safe_dump(data))
+    result = run_cli(manifest)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"strategyjob run: error: {manifest}: spec.replicaSpecs.worker.template.spec."
+        f"containers[0].{problem}\n"
+    )
     assert not (tmp_path / "started").exists()
 
 

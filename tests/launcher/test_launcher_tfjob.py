@@ -71,7 +71,12 @@ def test_two_worker_tfjob_runs_its_tensorflow_containers_to_success(tmp_path):
             f'"task":{{"type":"worker","index":{index}}},"environment":"cloud"}}'
         )
         assert f"[worker-{index}] sum 3.0 replicas 2" in lines
-    assert lines[0].startswith("strategyjob: job tfdemo [MultiWorkerMirroredStrategy] starting")
+    assert lines[0] == (  # the sidecar runs only on a cluster
+        "strategyjob: warning: strategyjob run ignores what only a cluster applies in the pod "
+        "templates of worker: other containers (sidecar); every replica runs in "
+        f"{tmp_path.resolve()}, with this machine's files, user and resources"
+    )
+    assert lines[1].startswith("strategyjob: job tfdemo [MultiWorkerMirroredStrategy] starting")
     assert lines[-1].startswith("strategyjob: job tfdemo succeeded in ")
 
 

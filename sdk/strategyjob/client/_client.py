@@ -549,6 +549,34 @@ def _as_manifest(
     return manifest, own if isinstance(own, str) and own else None
 
 
+#: Where kubectl and the Kubernetes client look when neither --kubeconfig nor KUBECONFIG says.
+DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+def _missing_kubeconfig(path: str | None, env: str | None) -> str | None:
+    """What to say when no kubeconfig file exists where the client will look (``path``, else
+    each of ``$KUBECONFIG``'s paths, else ``~/.kube/config``), instead of the Kubernetes
+    client's "Invalid kube-config file. No configuration found."; None when one exists."""
+    if path is not None:
+        if Path(path).is_file():
+            return None
+        return f"kubeconfig {path}: no such file. Pass the path of a kubeconfig."
+    if env:
+        if any(Path(p).expanduser().is_file() for p in env.split(os.pathsep) if p):
+            return None
+        return (
+            f"kubeconfig {env} (from $KUBECONFIG): no such file. Set KUBECONFIG to the path "
+            "of a kubeconfig, or pass --kubeconfig."
+        )
+    if Path(DEFAULT_KUBECONFIG).expanduser().is_file():
+        return None
+    return (
+        f"no kubeconfig: {DEFAULT_KUBECONFIG} does not exist and KUBECONFIG is not set. Pass "
+        "--kubeconfig, set KUBECONFIG, or write the cluster's kubeconfig to "
+        f"{DEFAULT_KUBECONFIG} (kind create cluster does)."
+    )
+
+
 def _connect(
     k8s: Any, kubeconfig: str | os.PathLike[str] | None, context: str | None
 ) -> tuple[Any, str | None]:
@@ -574,8 +602,9 @@ def _connect(
         return k8s.client.ApiClient(configuration), namespace
 
     shown = path or os.environ.get("KUBECONFIG") or config.KUBE_CONFIG_DEFAULT_LOCATION
-    if path is not None and not Path(path).is_file():
-        raise ClusterError(f"kubeconfig {path}: no such file. Pass the path of a kubeconfig.")
+    missing = _missing_kubeconfig(path, os.environ.get("KUBECONFIG"))
+    if missing is not None:
+        raise ClusterError(missing)
     try:
         api_client = config.new_client_from_config(config_file=path, context=context)
         contexts, active = config.list_kube_config_contexts(config_file=path)

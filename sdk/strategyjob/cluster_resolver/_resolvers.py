@@ -65,6 +65,26 @@ def load_tf_config() -> dict[str, Any]:
     return config
 
 
+def task_index(value: Any) -> int:
+    """``TF_CONFIG``'s ``task.index`` as an integer. TensorFlow takes ``int(index)``, so
+    ``"1"`` is task 1 here too; but where ``int`` would raise its bare message (``"abc"``)
+    or quietly pick another task (``1.5`` is 1, ``true`` is 1, ``-1`` the last one's address),
+    this says what is wrong."""
+    index = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, str):
+        try:
+            index = int(value)
+        except ValueError:
+            pass
+    if index is not None and index >= 0:
+        return index
+    raise TFConfigError(
+        f"TF_CONFIG task index must be a whole number, 0 or more "
+        f"(got {json.dumps(value, default=repr)}). "
+        'Write it as a JSON number, e.g. "task": {"type": "worker", "index": 1}.'
+    )
+
+
 class ClusterResolver(abc.ABC):
     """Tells a strategy which cluster it runs in and which task this process is.
 
@@ -206,7 +226,7 @@ class TFConfigClusterResolver(ClusterResolver):
         if self._task_id is not None:
             return int(self._task_id)
         task = load_tf_config().get(_TASK_KEY) or {}
-        return int(task["index"]) if "index" in task else None
+        return task_index(task["index"]) if "index" in task else None
 
     @task_id.setter
     def task_id(self, task_id: int | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,6 +18,12 @@ from strategyjob.jobspec._env import (
     is_token_secret_name,
     service_account_name,
     token_secret_name,
+)
+from strategyjob.jobspec._image import image_problem
+from strategyjob.jobspec._k8s_fields import (
+    CONTAINER_FIELDS,
+    POD_SPEC_FIELDS,
+    POD_TEMPLATE_FIELDS,
 )
 from strategyjob.jobspec._model import (
     API_VERSION,
@@ -98,6 +105,24 @@ class _Checker:
                     field_path = f"{path}.{_key(key)}" if path else _key(key)
                     self.add(msg.UNKNOWN_FIELD, key, path=field_path, known=", ".join(known))
         return value
+
+    def k8s_fields(
+        self, path: str, value: Mapping[str, Any], known: Sequence[str], kind: str, explain: str
+    ) -> None:
+        """Report each field of ``value`` that a Kubernetes ``kind`` does not have, with the
+        one it most likely meant: its fields are too many to list in a line."""
+        for key in value:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" Did you mean {close[0]}?" if close else ""
+                self.add(
+                    msg.UNKNOWN_K8S_FIELD,
+                    key,
+                    path=f"{path}.{_key(key)}",
+                    kind=kind,
+                    hint=hint,
+                    explain=explain,
+                )
 
     def integer(
         self,
@@ -419,10 +444,12 @@ def _read_template(check: _Checker, replica_type: str, raw: Any) -> dict[str, An
         check.add(msg.NOT_A_MAPPING, raw, path=path)
         return {}
     template = raw
+    check.k8s_fields(path, template, POD_TEMPLATE_FIELDS, "pod template", "podtemplate.template")
     meta = check.mapping(f"{path}.metadata", template.get("metadata"), None)
     check.string_map(f"{path}.metadata.labels", meta.get("labels"))
     check.string_map(f"{path}.metadata.annotations", meta.get("annotations"))
     pod_spec = check.mapping(f"{path}.spec", template.get("spec"), None)
+    check.k8s_fields(f"{path}.spec", pod_spec, POD_SPEC_FIELDS, "pod spec", "pod.spec")
     containers = pod_spec.get("containers")
     if not isinstance(containers, Sequence) or isinstance(containers, str) or not containers:
         check.add(msg.MISSING_CONTAINERS, containers, replica_type=replica_type)
@@ -436,6 +463,14 @@ def _read_template(check: _Checker, replica_type: str, raw: Any) -> dict[str, An
                 check.add(msg.BAD_CONTAINER, container, replica_type=replica_type, index=index)
             else:
                 _read_container(check, f"{path}.spec.containers[{index}]", container)
+    init_containers = pod_spec.get("initContainers")
+    if isinstance(init_containers, Sequence) and not isinstance(init_containers, str | bytes):
+        for index, container in enumerate(init_containers):
+            if isinstance(container, Mapping):
+                where = f"{path}.spec.initContainers[{index}]"
+                check.k8s_fields(
+                    where, container, CONTAINER_FIELDS, "container", "pod.spec.initContainers"
+                )
     _read_pod_references(check, f"{path}.spec", pod_spec)
     return copy.deepcopy(plain(template))
 
@@ -472,7 +507,13 @@ def _read_secret_ref(check: _Checker, path: str, value: Any) -> None:
 def _read_container(check: _Checker, path: str, container: Mapping[str, Any]) -> None:
     """The container fields the operator and ``strategyjob run`` read or extend: command
     and args (lists of strings, never one string split into characters), env and ports
-    (lists of mappings), so that a pod built from the template is one the API server takes."""
+    (lists of mappings), so that a pod built from the template is one the API server takes;
+    no field a Kubernetes container lacks (``comand:``), and an image the kubelet can parse."""
+    check.k8s_fields(path, container, CONTAINER_FIELDS, "container", "pod.spec.containers")
+    image = check.string(f"{path}.image", container.get("image"), "python:3.11")
+    reason = image_problem(image) if image else None  # none: strategyjob run needs none
+    if reason is not None:
+        check.add(msg.INVALID_IMAGE, image, path=f"{path}.image", reason=reason)
     for field_name, example in (
         ("command", '["python", "train.py"]'),
         ("args", '["--epochs", "3"]'),

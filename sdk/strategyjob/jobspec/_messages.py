@@ -37,6 +37,12 @@ BAD_API_VERSION = (
 )
 BAD_KIND = f"kind: unsupported kind (got {{value}}). Use kind: {_names.KIND}."
 UNKNOWN_FIELD = "{path}: unknown field (got {value}). Remove it or use one of: {known}."
+#: A field a Kubernetes pod template, pod spec or container does not have; ``hint`` is
+#: `` Did you mean command?`` when one is close, else empty.
+UNKNOWN_K8S_FIELD = (
+    "{path}: unknown field of a Kubernetes {kind} (got {value}).{hint} Remove it or fix its "
+    "name; kubectl explain {explain} lists the fields."
+)
 MISSING_SPEC = (
     "spec: the manifest has no spec (got {value}). Add spec with strategy and replicaSpecs."
 )
@@ -104,6 +110,11 @@ NOT_A_LIST = "{path}: must be a list (got {value}). Write one `- ` entry per ite
 NOT_A_STRING_LIST = (
     "{path}: must be a list of strings (got {value}). "
     "Write it as a list and quote each part, e.g. {example}."
+)
+INVALID_IMAGE = (
+    "{path}: not an image the cluster can pull, its pods would wait in InvalidImageName "
+    "({reason}) (got {value}). Write [registry[:port]/]name[:tag][@sha256:digest], the name "
+    "in lowercase, e.g. python:3.11."
 )
 BAD_ENV_ENTRY = (
     "{path}: an env entry must be a mapping with a name (got {value}). "

@@ -20,6 +20,7 @@ from strategyjob.jobspec import (
     StrategyJob,
     replica_env,
     training_container,
+    training_container_index,
 )
 
 LOCAL_HOST = "127.0.0.1"
@@ -114,6 +115,61 @@ def local_cluster(job: StrategyJob, ports: list[int] | None = None) -> dict[str,
     return cluster
 
 
+#: Pod spec fields that change what a replica sees on a cluster and that ``strategyjob run``,
+#: which starts the training container's command as a process here, does not apply. Where
+#: pods are scheduled (nodeSelector, affinity, tolerations...) is left out: it changes
+#: nothing a replica sees. ``terminationGracePeriodSeconds`` is applied (the grace period).
+IGNORED_POD_FIELDS = ("volumes", "initContainers", "securityContext", "hostAliases")
+#: The training container's fields likewise: only command, args, env (its values: an entry
+#: with valueFrom, a Secret's or the pod's, is left unset), name and image (checked, never
+#: pulled) are read.
+IGNORED_CONTAINER_FIELDS = (
+    "workingDir",
+    "volumeMounts",
+    "volumeDevices",
+    "envFrom",
+    "resources",
+    "securityContext",
+    "lifecycle",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+)
+
+
+def ignored_template_fields(job: StrategyJob) -> tuple[list[str], list[str]]:
+    """``(fields, replica types)``: the pod-template fields set in ``job`` that only a cluster
+    applies (:data:`IGNORED_POD_FIELDS`, other containers, then the training container's
+    :data:`IGNORED_CONTAINER_FIELDS`), each once, and the replica types that set them."""
+    fields: dict[str, None] = {}  # ordered set
+    types = []
+    for replica_type, spec in job.replica_specs.items():
+        if spec.replicas == 0:
+            continue
+        pod_spec = spec.template.get("spec") or {}
+        found = [f for f in IGNORED_POD_FIELDS if pod_spec.get(f)]
+        training = training_container_index(spec.template)
+        containers = pod_spec.get("containers") or []
+        others = [str(c.get("name")) for i, c in enumerate(containers) if i != training]
+        if others:
+            found.append(f"other containers ({', '.join(others)})")
+        found += [f for f in IGNORED_CONTAINER_FIELDS if containers[training].get(f)]
+        found += [
+            f"env {entry['name']}'s valueFrom (left unset)"
+            for entry in containers[training].get("env") or []
+            if _value_from_only(entry)
+        ]
+        if found:
+            fields.update(dict.fromkeys(found))
+            types.append(replica_type)
+    return list(fields), types
+
+
+def _value_from_only(entry: Mapping[str, Any]) -> bool:
+    """An env entry whose value only a cluster can give (``valueFrom`` without ``value``)."""
+    return "value" not in entry and "valueFrom" in entry
+
+
 def check_runnable(job: StrategyJob) -> None:
     """Raise :class:`LaunchError` listing every replica type that cannot start locally."""
     problems = []
@@ -195,7 +251,6 @@ def build_launches(
     workdir: str | Path,
     cluster: Mapping[str, list[str]],
     base_env: Mapping[str, str] | None = None,
-    warn: Any = None,
     job_env: Mapping[str, str] | None = None,
     restart_attempt: int = 0,
     env_of: ReplicaEnv | None = None,
@@ -223,13 +278,8 @@ def build_launches(
         }
         container_env: dict[str, str] = {}
         for entry in container.get("env") or []:
-            if "value" not in entry and "valueFrom" in entry:
-                if warn is not None:
-                    warn(
-                        f"{replica_type}-{index}: env {entry['name']} uses valueFrom, which "
-                        "strategyjob run cannot resolve locally; it is left unset."
-                    )
-                continue
+            if _value_from_only(entry):
+                continue  # named once by ignored_template_fields
             scope = {**container_env, **injected}
             container_env[entry["name"]] = expand(str(entry.get("value", "")), scope)
         variables = {**container_env, **injected}

@@ -44,6 +44,7 @@ from strategyjob.launcher._plan import (
     ReplicaLaunch,
     build_launches,
     check_runnable,
+    ignored_template_fields,
     local_cluster,
     reserve_open_files,
 )
@@ -206,6 +207,13 @@ class _JobRun:
     def _run_attempts(self) -> int:
         if self.job.run_policy.suspend:
             self.say("spec.runPolicy.suspend is true; strategyjob run ignores it and runs the job")
+        fields, types = ignored_template_fields(self.job)
+        if fields:
+            self.say(
+                f"warning: strategyjob run ignores what only a cluster applies in the pod "
+                f"templates of {', '.join(types)}: {', '.join(fields)}; every replica runs in "
+                f"{self.workdir}, with this machine's files, user and resources"
+            )
         launches = self._start_all()
         while True:
             decision = self._wait_for_decision()
@@ -257,7 +265,6 @@ class _JobRun:
             self.job,
             self.workdir,
             cluster,
-            warn=self.say,
             job_env=self.job_env,
             restart_attempt=self.restarts,
             env_of=self.env_of,

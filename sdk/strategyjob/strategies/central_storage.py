@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from strategyjob import _variables
-from strategyjob._devices import LogicalDevice, canonicalize
+from strategyjob._devices import LogicalDevice, canonicalize, require_local
 from strategyjob.input.options import InputReplicationMode
 from strategyjob.strategies.base import Strategy
 from strategyjob.strategies.compat_methods import CompatV1StrategyMethods
@@ -47,7 +47,7 @@ class CentralStorageExtended(MirroredExtended):
     ) -> None:
         super().__init__(container_strategy, compute_devices)
         self._parameter_device: LogicalDevice = (
-            canonicalize(parameter_device)
+            require_local(canonicalize(parameter_device))
             if parameter_device is not None
             else _default_parameter_device(self._logical_devices)
         )

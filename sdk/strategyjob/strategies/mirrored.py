@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from strategyjob import _context
-from strategyjob._devices import LogicalDevice, all_local_devices, canonicalize
+from strategyjob._devices import LogicalDevice, all_local_devices, canonicalize, require_local
 from strategyjob._values import regroup, select_replica
 from strategyjob.collective import local
 from strategyjob.strategies.base import Strategy, StrategyExtended
@@ -33,7 +33,7 @@ def _validate_devices(devices: Sequence[Any] | None) -> tuple[LogicalDevice, ...
         return all_local_devices()
     if isinstance(devices, (str, torch.device)):
         devices = [devices]
-    logical = tuple(canonicalize(d) for d in devices)
+    logical = tuple(require_local(canonicalize(d)) for d in devices)
     if not logical:
         raise ValueError(
             "`devices` must name at least one device, e.g. MirroredStrategy(['cpu:0', 'cpu:1']); "

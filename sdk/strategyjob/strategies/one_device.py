@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from strategyjob import _context
-from strategyjob._devices import LogicalDevice, canonicalize
+from strategyjob._devices import LogicalDevice, canonicalize, require_local
 from strategyjob._values import select_replica
 from strategyjob.strategies.base import (
     Strategy,
@@ -28,7 +28,7 @@ class OneDeviceExtended(_SingleReplicaExtendedMixin, StrategyExtended):
 
     def __init__(self, container_strategy: Strategy, device: str | torch.device) -> None:
         super().__init__(container_strategy)
-        self._device: LogicalDevice = canonicalize(device)
+        self._device: LogicalDevice = require_local(canonicalize(device))
         self._logical_devices = (self._device,)
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

@@ -7,6 +7,7 @@ plane), so the wording follows the real server's shapes.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -250,6 +251,34 @@ def test_cli_missing_kubeconfig_is_one_line_and_exit_1(tmp_path):
     assert proc.stderr.strip() == (
         f"strategyjob status: error: kubeconfig {tmp_path / 'nope'}: no such file. "
         "Pass the path of a kubeconfig."
+    )
+
+
+def _env_without_kubeconfig(home) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "HOME")}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    return {**env, "HOME": str(home)}
+
+
+def test_cli_without_any_kubeconfig_says_it_is_missing(tmp_path):
+    """Neither --kubeconfig, KUBECONFIG nor ~/.kube/config: the Kubernetes client's own words
+    were "Invalid kube-config file. No configuration found.", for a file that is not there."""
+    proc = run_cli("list", env=_env_without_kubeconfig(tmp_path))
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        "strategyjob list: error: no kubeconfig: ~/.kube/config does not exist and KUBECONFIG "
+        "is not set. Pass --kubeconfig, set KUBECONFIG, or write the cluster's kubeconfig to "
+        "~/.kube/config (kind create cluster does).\n"
+    )
+
+
+def test_cli_with_a_kubeconfig_variable_naming_no_file_says_so(tmp_path):
+    missing = f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}"
+    proc = run_cli("list", env={**_env_without_kubeconfig(tmp_path), "KUBECONFIG": missing})
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"strategyjob list: error: kubeconfig {missing} (from $KUBECONFIG): no such file. Set "
+        "KUBECONFIG to the path of a kubeconfig, or pass --kubeconfig.\n"
     )
 
 

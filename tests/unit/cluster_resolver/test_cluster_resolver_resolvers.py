@@ -100,6 +100,32 @@ def test_task_index_cast_to_integer(tf_config):
     assert TFConfigClusterResolver().task_id == 1
 
 
+@pytest.mark.parametrize(
+    ("index", "shown"),
+    [
+        ("abc", '"abc"'),
+        ("", '""'),
+        (1.5, "1.5"),
+        (True, "true"),
+        (-1, "-1"),
+        ("-1", '"-1"'),
+        (None, "null"),
+        ([1], "[1]"),
+    ],
+)
+def test_task_index_that_is_no_task_is_refused(tf_config, index, shown):
+    """TensorFlow's ``int(index)`` takes ``"1"`` (above), raises its bare ``invalid literal``
+    for ``"abc"`` and quietly makes ``1.5`` and ``true`` task 1, and ``-1`` the last task's
+    address: each of these is one line naming TF_CONFIG here."""
+    tf_config({"cluster": CLUSTER, "task": {"type": "worker", "index": index}})
+    with pytest.raises(TFConfigError) as info:
+        TFConfigClusterResolver().task_id  # noqa: B018
+    assert str(info.value) == (
+        f"TF_CONFIG task index must be a whole number, 0 or more (got {shown}). "
+        'Write it as a JSON number, e.g. "task": {"type": "worker", "index": 1}.'
+    )
+
+
 def test_task_index_override(tf_config):
     tf_config(
         {"cluster": {"worker": CLUSTER["worker"][:2]}, "task": {"type": "worker", "index": "0"}}

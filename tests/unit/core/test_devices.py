@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import strategyjob as sj
 import torch
 from strategyjob._devices import LogicalDevice, canonicalize
 
@@ -63,3 +64,44 @@ def test_to_device_does_not_copy_between_logical_cpus() -> None:
     assert to_device(tensor, torch.device("cpu", 1)) is tensor
     assert to_device(tensor, "cpu:0") is tensor
     assert to_device(tensor, canonicalize("/device:CPU:3")) is tensor
+
+
+def _missing_gpu() -> tuple[str, str]:
+    """A GPU this machine lacks (the first index past the ones it has) and what the error
+    says the process sees, for a machine without GPUs and one with some."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    seen = "no GPU" if count == 0 else f"{count} GPU{'s' if count > 1 else ''}"
+    if count:
+        seen += f" (GPU:0 to GPU:{count - 1})"
+    return f"/gpu:{count}", seen
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda gpu: sj.MirroredStrategy([gpu]), id="mirrored"),
+        pytest.param(lambda gpu: sj.MirroredStrategy(["/cpu:0", gpu]), id="mirrored-cpu-and-gpu"),
+        pytest.param(lambda gpu: sj.OneDeviceStrategy(gpu), id="one-device"),
+        pytest.param(lambda gpu: sj.CentralStorageStrategy([gpu]), id="central-storage"),
+        pytest.param(
+            lambda gpu: sj.CentralStorageStrategy(["cpu:0"], parameter_device=gpu),
+            id="central-storage-parameter-device",
+        ),
+    ],
+)
+def test_a_device_the_machine_lacks_is_refused_when_the_strategy_is_made(make) -> None:
+    """TensorFlow's ``<name> unknown device.``, at construction rather than at the first batch
+    deep in strategy.run, with what the process does see."""
+    gpu, seen = _missing_gpu()
+    with pytest.raises(RuntimeError) as info:
+        make(gpu)
+    index = gpu.rpartition(":")[2]
+    assert str(info.value) == (
+        f"/job:localhost/replica:0/task:0/device:GPU:{index} unknown device. This process sees "
+        f"{seen}: name one it has, e.g. '/cpu:0', or pass no devices to use every local GPU "
+        "(the CPU when there is none)."
+    )
+
+
+def test_logical_cpus_need_no_such_device() -> None:
+    assert sj.MirroredStrategy(["cpu:0", "cpu:7"]).num_replicas_in_sync == 2

@@ -39,10 +39,26 @@ def test_strings_are_case_insensitive_in_apis(text: str, op: str) -> None:
 def test_reduce_op_constructor_is_strict() -> None:
     with pytest.raises(ValueError, match=r"^'sum' is not a valid ReduceOp$"):
         sj.ReduceOp("sum")
-    with pytest.raises(ValueError, match=r"^'MAX' is not a valid ReduceOp$"):
+
+
+def test_an_unknown_op_lists_the_valid_ones() -> None:
+    """TensorFlow's message, then the ops that exist: ``"AVG"`` is a guess a user makes."""
+    valid = (
+        "Use one of: tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN, "
+        "or the strings 'sum' and 'mean' (in any case)."
+    )
+    with pytest.raises(ValueError) as raised:
         _reduce.to_reduce_op("max")
-    with pytest.raises(ValueError, match=r"^'MAX' is not a valid ReduceOp$"):
+    assert str(raised.value) == f"'MAX' is not a valid ReduceOp. {valid}"
+    with pytest.raises(ValueError) as raised:
         sj.get_strategy().reduce("max", 1.0, axis=None)
+    assert str(raised.value) == f"'MAX' is not a valid ReduceOp. {valid}"
+    with pytest.raises(ValueError) as raised:
+        sj.MirroredStrategy().reduce("AVG", torch.tensor(1.0), axis=None)
+    assert str(raised.value) == f"'AVG' is not a valid ReduceOp. {valid}"
+    with pytest.raises(ValueError) as raised:
+        sj.get_replica_context().all_reduce(sj.VariableAggregation.SUM, 1.0)
+    assert str(raised.value).endswith(f"is not a valid ReduceOp. {valid}")
 
 
 def test_from_variable_aggregation() -> None:

@@ -341,6 +341,126 @@ def test_unknown_fields_are_reported_with_their_path(make_manifest):
     ]
 
 
+def test_unknown_fields_of_a_pod_template_are_named_with_the_likely_one(make_manifest):
+    """The CRD keeps a template's unknown fields and the API server drops them from the pod:
+    ``comand:`` would run the image's entrypoint, so it is refused here, at every level."""
+    obj = make_manifest()
+    template = obj["spec"]["replicaSpecs"]["worker"]["template"]
+    template["spec"]["containers"][0]["comand"] = ["python", "train.py"]
+    template["spec"]["containers"][0]["gpus"] = 1
+    template["spec"]["volume"] = []
+    template["spec"]["initContainers"] = [{"name": "fetch", "image": "busybox", "arg": ["x"]}]
+    template["metdata"] = {}
+    where = "spec.replicaSpecs.worker.template"
+    tail = " Remove it or fix its name; kubectl explain {} lists the fields."
+    assert problems_of(obj) == [
+        f'{where}.metdata: unknown field of a Kubernetes pod template (got "metdata"). '
+        "Did you mean metadata?" + tail.format("podtemplate.template"),
+        f'{where}.spec.volume: unknown field of a Kubernetes pod spec (got "volume"). '
+        "Did you mean volumes?" + tail.format("pod.spec"),
+        f"{where}.spec.containers[0].comand: unknown field of a Kubernetes container (got "
+        '"comand"). Did you mean command?' + tail.format("pod.spec.containers"),
+        f"{where}.spec.containers[0].gpus: unknown field of a Kubernetes container (got "
+        '"gpus").' + tail.format("pod.spec.containers"),
+        f"{where}.spec.initContainers[0].arg: unknown field of a Kubernetes container (got "
+        '"arg"). Did you mean args?' + tail.format("pod.spec.initContainers"),
+    ]
+
+
+def test_every_field_of_a_kubernetes_container_is_known(make_manifest):
+    obj = make_manifest()
+    template = obj["spec"]["replicaSpecs"]["worker"]["template"]
+    template["spec"]["containers"][0].update(
+        workingDir="/w", volumeMounts=[], imagePullPolicy="Always", tty=True, stdin=False
+    )
+    template["spec"].update(volumes=[], nodeSelector={}, tolerations=[], hostNetwork=False)
+    template["metadata"] = {"labels": {"a": "b"}}
+    assert load_manifest(obj).replica_specs["worker"].template == template
+
+
+def test_a_tfjob_container_field_is_named_as_the_tfjob_writes_it():
+    tfjob = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "mnist"},
+        "spec": {
+            "tfReplicaSpecs": {
+                "Worker": {
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "tensorflow", "image": "tf", "comand": ["python"]}
+                            ]
+                        }
+                    },
+                }
+            }
+        },
+    }
+    with pytest.raises(ManifestError) as info:
+        jobspec.load_tfjob(tfjob)
+    assert info.value.problems == [
+        "spec.tfReplicaSpecs.Worker.template.spec.containers[0].comand: unknown field of a "
+        'Kubernetes container (got "comand"). Did you mean command? Remove it or fix its name; '
+        "kubectl explain pod.spec.containers lists the fields."
+    ]
+
+
+@pytest.mark.parametrize(
+    ("image", "reason"),
+    [
+        (
+            "Python:3.11",
+            "invalid reference format: repository name (library/Python) must be lowercase",
+        ),
+        ("ghcr.io/Org/x:1", "invalid reference format: repository name (Org/x) must be lowercase"),
+        ("python 3.11", "invalid reference format"),
+        ("python:", "invalid reference format"),
+        ("python:-rc", "invalid reference format"),
+        ("python:3.11 ", "must not have leading or trailing whitespace"),
+        (
+            "a" * 64,
+            f"invalid repository name ({'a' * 64}), cannot specify 64-byte hexadecimal strings",
+        ),
+        ("x@sha256:" + "A" * 64, "invalid checksum digest format"),
+        ("x@sha256:" + "a" * 40, "invalid checksum digest format"),
+        ("x@md5:" + "a" * 32, "unsupported digest algorithm"),
+        ("x/" + "a" * 254, "repository name must not be more than 255 characters"),
+    ],
+)
+def test_an_image_the_kubelet_cannot_parse_is_refused(make_manifest, image, reason):
+    """The kubelet's reference grammar (distribution/reference) and its words: such a pod
+    would wait in InvalidImageName for good, and strategyjob run would have run it."""
+    obj = make_manifest()
+    obj["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"] = image
+    assert problems_of(obj) == [
+        "spec.replicaSpecs.worker.template.spec.containers[0].image: not an image the cluster "
+        f"can pull, its pods would wait in InvalidImageName ({reason}) (got "
+        f"{format_value(image)}). Write [registry[:port]/]name[:tag][@sha256:digest], the "
+        "name in lowercase, e.g. python:3.11."
+    ]
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "python:3.11",
+        "strategyjob-worker:dev",
+        "localhost:5000/team/trainer:v1.2",
+        "Registry.Example.com:5000/a/b",
+        "[::1]:5000/x",
+        "docker.io/library/python:3.11-slim@sha256:" + "0" * 64,
+        "x@sha512:" + "f" * 128,
+        "a__b/c-d--e.f",
+    ],
+)
+def test_an_image_the_kubelet_parses_is_accepted(make_manifest, image):
+    obj = make_manifest()
+    obj["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"] = image
+    assert load_manifest(obj).name == "mnist"
+
+
 def test_status_and_server_metadata_are_accepted(make_manifest):
     obj = make_manifest()
     obj["status"] = {"conditions": []}
