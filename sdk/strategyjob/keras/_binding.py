@@ -183,8 +183,10 @@ class MultiWorkerBinding:
         callbacks = bound.arguments.get("callbacks")
         if callbacks is not None and not isinstance(callbacks, (list, tuple)):
             return method(*bound.args, **bound.kwargs)  # a CallbackList: Keras's own
-        steps = bound.arguments.get("steps_per_epoch")
-        state = _callbacks.FitState(seed, restarts_data=steps is None)
+        replay = _callbacks.not_replayed(
+            bound.arguments.get("x"), bound.arguments.get("steps_per_epoch")
+        )
+        state = _callbacks.FitState(seed, replay)
         bound.arguments["callbacks"] = _callbacks.distributed(
             callbacks or (), state, self._strategy
         )

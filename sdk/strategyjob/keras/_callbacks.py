@@ -17,9 +17,11 @@ the saved batch; Keras 3 would redo the saved epoch from its start):
 
 Resuming mid-epoch needs each epoch to draw its rows in the same order when it is run again:
 :class:`EpochOrder` seeds torch's generator at each epoch's start from the fit's seed and the
-epoch (arrays, and DataLoaders shuffled by torch's generator, then shuffle the same way).
-``steps_per_epoch``, with which an epoch does not restart its data, is refused with a
-batch-frequency backup, and SIGTERM then stops the process as it would without the backup.
+epoch (arrays, and DataLoaders shuffled by torch's generator, then shuffle the same way). With
+other data (a generator, a ``PyDataset``, a DataLoader with its own generator) or with
+``steps_per_epoch`` (an epoch does not restart its data), a batch-frequency backup is refused
+(:func:`not_replayed`), and SIGTERM stops the process as it would without the backup (the job
+resumes at its last epoch's end).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import keras
 import torch
 
+from strategyjob import _nest
 from strategyjob.keras._preemption import PreemptionWatch
 from strategyjob.keras._sync_on_read import sums_over_workers
 
@@ -45,20 +48,39 @@ _log = logging.getLogger(__name__)
 WEIGHTS = "latest.weights.h5"
 METADATA = "training_metadata.json"
 
-STEPS_PER_EPOCH = (
+NOT_REPLAYED = (
     "keras.callbacks.BackupAndRestore(save_freq={freq!r}) backs up in the middle of an epoch, "
-    "but with steps_per_epoch an epoch does not restart its data, so a restarted job could not "
-    'resume at the saved batch with the same rows. Use save_freq="epoch", or leave '
-    "steps_per_epoch unset."
+    "but {why}, so a restarted job could not resume at the saved batch with the same rows. "
+    'Use save_freq="epoch", or {fix}.'
 )
+
+
+def not_replayed(x: Any, steps_per_epoch: Any) -> tuple[str, str] | None:
+    """Why a rerun epoch of ``fit(x, steps_per_epoch=...)`` may not draw the same rows in the same
+    order with torch's generator seeded the same (and what to do); None: it does. Arrays (and
+    nests of them) and DataLoaders drawing from torch's generator do."""
+    if steps_per_epoch is not None:
+        return "with steps_per_epoch an epoch does not restart its data", "leave it unset"
+    if isinstance(x, torch.utils.data.DataLoader):
+        own = [getattr(o, "generator", None) for o in (x, x.sampler, x.batch_sampler)]
+        if all(g is None for g in own):
+            return None
+        why = "the DataLoader shuffles with its own torch.Generator"
+        return why, "let it shuffle with torch's default generator (generator=None)"
+    leaves = [] if x is None else _nest.flatten(x)
+    if leaves and all(getattr(leaf, "shape", None) is not None for leaf in leaves):
+        return None
+    why = f"the order of the batches of a {type(x).__name__} is its own"
+    return why, "pass arrays or a torch DataLoader"
 
 
 class FitState:
     """What one ``fit`` call's callbacks and the binding's ``train_step`` share."""
 
-    def __init__(self, seed: int, restarts_data: bool) -> None:
+    def __init__(self, seed: int, not_replayed: tuple[str, str] | None) -> None:
         self.seed = seed  # the chief's: each epoch's shuffling seed derives from it
-        self.restarts_data = restarts_data  # each epoch draws its data anew (no steps_per_epoch)
+        #: why a rerun epoch may draw other rows (then no mid-epoch backup), or None
+        self.not_replayed = not_replayed
         self.skip = 0  # batches of the resumed epoch trained before the restart
         self.watch: PreemptionWatch | None = None  # one per fit, whatever the backups
 
@@ -138,7 +160,7 @@ class DistributedBackup(keras.callbacks.Callback):
                     self._backup.backup_dir,
                 )
         state = self._state
-        if state.restarts_data and state.watch is None and PreemptionWatch.possible():
+        if state.not_replayed is None and state.watch is None and PreemptionWatch.possible():
             self._watch = state.watch = PreemptionWatch(self._strategy, self._save_preempted)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -259,13 +281,15 @@ def _write_atomically(path: str, text: str) -> None:
 
 def distributed(callbacks: Sequence[Any], state: FitState, strategy: Any) -> list[Any]:
     """The callbacks ``fit`` runs: :class:`EpochOrder` first, each ``BackupAndRestore`` as a
-    :class:`DistributedBackup`. Refuses a batch-frequency backup with ``steps_per_epoch``."""
+    :class:`DistributedBackup`. Refuses a batch-frequency backup when a rerun epoch may draw
+    other rows (``state.not_replayed``)."""
     result: list[Any] = [EpochOrder(state)]
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.BackupAndRestore):
             freq = callback.save_freq
-            if freq not in ("epoch", False) and not state.restarts_data:
-                raise ValueError(STEPS_PER_EPOCH.format(freq=freq))
+            if freq not in ("epoch", False) and state.not_replayed is not None:
+                why, fix = state.not_replayed
+                raise ValueError(NOT_REPLAYED.format(freq=freq, why=why, fix=fix))
             callback = DistributedBackup(callback, state, strategy)
         result.append(callback)
     return result

@@ -101,16 +101,38 @@ def test_strategies_not_supported_yet_refuse_compile_and_fit(keras, make, name) 
         assert "use MultiWorkerMirroredStrategy" in message
 
 
-def test_a_mid_epoch_backup_with_steps_per_epoch_is_refused(keras, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """With steps_per_epoch an epoch does not restart its data: a backup taken mid-epoch could
-    not be resumed with the same rows, so fit refuses it before writing anything."""
+@pytest.mark.parametrize("data", ["steps_per_epoch", "own_generator", "python_generator"])
+def test_a_mid_epoch_backup_is_refused_when_an_epoch_may_draw_other_rows(
+    keras, tmp_path, data
+) -> None:  # type: ignore[no-untyped-def]
+    """A backup taken mid-epoch is resumed by drawing the epoch's rows again in the same order:
+    fit refuses it, before writing anything, where that is not assured (steps_per_epoch: an
+    epoch does not restart its data; a DataLoader with its own generator; a Python generator)."""
+    import torch
+
     with sj.MultiWorkerMirroredStrategy().scope():
         model = _model(keras)
     model.compile(loss="mse")
     x, y = _data()
+    rows = torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
+    args = {
+        "steps_per_epoch": dict(x=x, y=y, steps_per_epoch=2),
+        "own_generator": dict(
+            x=torch.utils.data.DataLoader(rows, 3, shuffle=True, generator=torch.Generator())
+        ),
+        "python_generator": dict(
+            x=((x[i : i + 3], y[i : i + 3]) for i in (0, 3)), steps_per_epoch=None
+        ),
+    }[data]
+    why = {
+        "steps_per_epoch": "with steps_per_epoch an epoch does not restart its data",
+        "own_generator": "the DataLoader shuffles with its own torch.Generator",
+        "python_generator": "the order of the batches of a generator is its own",
+    }[data]
     backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=2)
-    with pytest.raises(ValueError, match=r"save_freq=2\) backs up in the middle of an epoch"):
-        model.fit(x, y, verbose=0, steps_per_epoch=2, callbacks=[backup])
+    with pytest.raises(ValueError, match=r"save_freq=2\) backs up in the middle of an epoch") as e:
+        model.fit(verbose=0, callbacks=[backup], **args)
+    assert why in str(e.value)
     assert not list(tmp_path.iterdir())
 
 
