@@ -289,19 +289,34 @@ KERAS_WORKER = Path(__file__).resolve().parents[1] / "multiprocess" / "keras_res
     importlib.util.find_spec("keras") is None,
     reason="needs the keras extra (pip install 'strategyjob[keras]')",
 )
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "preempted"])
-def test_keras_backup_and_restore_resumes_a_restarted_job(tmp_path, signum):
-    """Keras ``fit`` with ``BackupAndRestore`` in a 2-worker job: worker 1 SIGKILLed, or sent
-    SIGTERM as a preemption, in the middle of epoch 2; `strategyjob run` (ExitCode: 137 and 143
-    are retried) restarts the whole job, which begins again at epoch 2, after the last
-    backed-up epoch, and ends with the weights of an uninterrupted run."""
+@pytest.mark.parametrize(
+    ("mode", "signum"),
+    [("epoch", signal.SIGKILL), ("batches", signal.SIGKILL), ("preempted", signal.SIGTERM)],
+    ids=["killed-epoch-backup", "killed-batch-backup", "preempted-mid-epoch"],
+)
+def test_keras_backup_and_restore_resumes_a_restarted_job(tmp_path, mode, signum):
+    """Keras ``fit`` with ``BackupAndRestore`` in a 2-worker job, worker 1 stopped after batch
+    1 of epoch 2 (0-based) and signalled; `strategyjob run` (ExitCode: 137 and 143 are retried)
+    restarts the whole job, which resumes where the last backup was taken and ends as an
+    uninterrupted fit does:
+
+    * SIGKILL, epoch backups: at epoch 2's start (its first batches trained again, as Keras
+      does, from the weights of epoch 1's end), with the weights of plain Keras uninterrupted;
+    * SIGKILL, ``save_freq=2`` (shuffled): after the backup of epoch 2's batch 1, the 2 batches
+      done skipped, the epoch shuffled as before;
+    * SIGTERM (shuffled, epoch backups): both workers agree on the next batch, back up after it
+      (3 batches of epoch 2 done) and exit 143; the job resumes after that batch.
+
+    In the last two, the weights, the optimizer's step count (16: no batch trained twice or
+    skipped) and the history (epoch 2's metrics given back) are those of the same 2-worker fit
+    run uninterrupted."""
     out = tmp_path / "out"
     out.mkdir()
-    command = [sys.executable, str(KERAS_WORKER), str(out)]
+    command = [sys.executable, str(KERAS_WORKER), str(out), mode]
     path = _write(
         tmp_path,
         _manifest(
-            {"worker": _replica(command, replicas=2, grace=5, restartPolicy="ExitCode")},
+            {"worker": _replica(command, replicas=2, grace=30, restartPolicy="ExitCode")},
             runPolicy={"backoffLimit": 1},
         ),
     )
@@ -312,17 +327,36 @@ def test_keras_backup_and_restore_resumes_a_restarted_job(tmp_path, signum):
     try:
         _wait_for([out / "blocked-pid"], launcher, timeout=120)
         os.kill(int((out / "blocked-pid").read_text()), signum)
+        (out / "signalled").touch()
         output = _finish(launcher, timeout=180)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
     assert launcher.returncode == 0, output[-6000:]
-    name = signal.Signals(signum).name
-    assert f"worker-1 was killed by {name} (exit code {128 + signum})" in output, output[-6000:]
+    if signum == signal.SIGKILL:
+        assert "worker-1 was killed by SIGKILL (exit code 137)" in output, output[-6000:]
+    else:
+        assert "exited with code 143" in output, output[-6000:]
+        for rank in (0, 1):
+            assert (
+                f"[worker-{rank}] BackupAndRestore: preempted; backed up epoch 3 after its "
+                "batch 3" in output
+            ), output[-6000:]
+    resumed_after = {"epoch": None, "batches": 2, "preempted": 3}[mode]
     for rank in (0, 1):
+        if resumed_after is not None:
+            assert (
+                f"[worker-{rank}] BackupAndRestore: resuming epoch 3 after its batch "
+                f"{resumed_after}" in output
+            ), output[-6000:]
         results = _results(output, rank)
         assert len(results) == 1, output[-6000:]  # the first run printed none: stopped mid-fit
-        assert results[0]["epochs"] == [2, 3]  # epoch 2 again: its first batches not kept
-        assert results[0]["weights_diff"] < 1e-5
+        (result,) = results
+        assert result["epochs"] == [2, 3]
+        assert result["weights_diff"] < 1e-5
+        if mode != "epoch":
+            assert result["steps"] == 16  # 4 epochs of 4 batches, each trained once
+            for key, values in result["expected"].items():
+                assert result["history"][key] == pytest.approx(values, rel=1e-5), key
     assert not (out / "backup").exists()  # the chief removes the backup when fit ends

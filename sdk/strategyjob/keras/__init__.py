@@ -12,7 +12,9 @@ What each strategy does with a bound model:
 * ``MultiWorkerMirroredStrategy`` with one replica per worker: ``batch_size`` is the global
   batch, each worker computes its own slice, gradients are averaged over the global batch
   before the Keras optimizer applies them, metrics are summed over the workers when read, and
-  ``predict`` returns every row on every worker (see ``_binding``);
+  ``predict`` returns every row on every worker (see ``_binding``); ``BackupAndRestore`` is
+  written by the chief and resumed at its saved batch, and a SIGTERM during ``fit`` backs up
+  after the same batch on every worker and exits 143 (``_callbacks``, ``_preemption``);
 * ``keras.metrics`` created in a MultiWorkerMirroredStrategy's scope read their global value
   outside ``strategy.run``, and a compiled Keras model built outside every scope is refused
   when called in one (``_watch``);

@@ -23,9 +23,10 @@ Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBin
   (TF's sync-on-read metric variables), so logs, history, the progress bar and ``evaluate``
   give the global figures, the same on every worker;
 * ``save`` / ``save_weights``: the chief writes, the others write to a temporary directory
-  that is removed (TF's Keras), then every worker waits for the chief's file; in ``fit`` on
-  those workers, ``BackupAndRestore`` restores from the shared directory and backs up into a
-  temporary one (``_callbacks``).
+  that is removed (TF's Keras), then every worker waits for the chief's file;
+* in ``fit``, each epoch's shuffle is seeded from the chief's seed and the epoch, and
+  ``BackupAndRestore`` is written by the chief and resumed at its saved batch, after a restart
+  or a SIGTERM (``_callbacks``); ``train_step`` skips the batches trained before the restart.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class MultiWorkerBinding:
         self._workers = strategy.num_replicas_in_sync
         self._worker: int | None = None  # this worker's replica id, read in the first step
         self._local_metrics = False  # inside a step: metric reads stay local (no collective)
+        self._fit_state: _callbacks.FitState | None = None  # during fit
 
     def install(self) -> None:
         model = self._model
@@ -168,23 +170,32 @@ class MultiWorkerBinding:
             with self._strategy.scope():
                 if name != "fit":
                     return method(self._model, *args, **kwargs)
-                with self._same_random_order():
-                    return self._fit(method, args, kwargs)
+                with self._same_random_order() as seed:
+                    return self._fit(method, args, kwargs, seed)
 
         in_scope.__doc__ = method.__doc__
         return in_scope
 
-    def _fit(self, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """The class's ``fit``; on a worker other than the chief, with the callbacks that write
-        files in their worker form (``_callbacks``), writing to a directory removed after."""
+    def _fit(self, method: Callable[..., Any], args: tuple, kwargs: dict, seed: int) -> Any:
+        """The class's ``fit`` with the callbacks of ``_callbacks``: each epoch's shuffle seeded
+        from ``seed``, ``BackupAndRestore`` written by the chief and resumed at its batch."""
         bound = inspect.signature(method).bind(self._model, *args, **kwargs)
         callbacks = bound.arguments.get("callbacks")
-        _callbacks.check_backup_frequency(callbacks)
-        if self._strategy.extended.should_checkpoint or not isinstance(callbacks, (list, tuple)):
+        if callbacks is not None and not isinstance(callbacks, (list, tuple)):
+            return method(*bound.args, **bound.kwargs)  # a CallbackList: Keras's own
+        replay = _callbacks.not_replayed(
+            bound.arguments.get("x"), bound.arguments.get("steps_per_epoch")
+        )
+        state = _callbacks.FitState(seed, replay)
+        bound.arguments["callbacks"] = _callbacks.distributed(
+            callbacks or (), state, self._strategy
+        )
+        self._fit_state = state
+        try:
             return method(*bound.args, **bound.kwargs)
-        with tempfile.TemporaryDirectory(prefix="strategyjob-keras-") as scratch:
-            bound.arguments["callbacks"] = _callbacks.for_worker(callbacks, scratch)
-            return method(*bound.args, **bound.kwargs)
+        finally:
+            self._fit_state = None
+            state.close()
 
     def _chief_writes(self, name: str) -> Callable[..., Any]:
         """``save`` / ``save_weights`` (and so ``ModelCheckpoint`` and ``BackupAndRestore``'s
@@ -217,18 +228,18 @@ class MultiWorkerBinding:
         return write
 
     @contextlib.contextmanager
-    def _same_random_order(self) -> Iterator[None]:
-        """Seed torch's generator with the chief's seed for the duration of ``fit``: every
-        worker then shuffles its copy of the data into the same global batches. The caller's
-        generator state is restored afterwards."""
-        if self._workers == 1:
-            yield
-            return
-        mine = torch.tensor([int.from_bytes(os.urandom(7), "little")], dtype=torch.int64)
-        seed = int(self._collectives.broadcast_from_chief(mine)[0])
+    def _same_random_order(self) -> Iterator[int]:
+        """Seed torch's generator with the chief's seed (drawn from the chief's generator, so
+        that ``keras.utils.set_random_seed`` makes ``fit`` repeatable) for the duration of
+        ``fit``: every worker then shuffles its copy of the data into the same global batches.
+        The caller's generator state is restored afterwards."""
+        mine = torch.randint(0, 1 << 62, (1,), dtype=torch.int64)
+        if self._workers > 1:
+            mine = self._collectives.broadcast_from_chief(mine)
+        seed = int(mine[0])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            yield
+            yield seed
 
     # --- steps ------------------------------------------------------------------------------
     def _my_rows(self, data: Any) -> tuple[int, int, int]:
@@ -252,6 +263,9 @@ class MultiWorkerBinding:
         return results[0]
 
     def train_step(self, data: Any) -> dict[str, Any]:
+        state = self._fit_state
+        if state is not None and state.skip_batch():
+            return self.get_metrics_result()  # trained before the restart (``_callbacks``)
         self._run_locally(self._train_my_rows, data)
         self._average_moving_statistics()
         return self.get_metrics_result()

@@ -101,15 +101,81 @@ def test_strategies_not_supported_yet_refuse_compile_and_fit(keras, make, name) 
         assert "use MultiWorkerMirroredStrategy" in message
 
 
-def test_a_mid_epoch_backup_is_refused_under_multi_worker_mirrored(keras, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("data", ["steps_per_epoch", "own_generator", "python_generator"])
+def test_a_mid_epoch_backup_is_refused_when_an_epoch_may_draw_other_rows(
+    keras, tmp_path, data
+) -> None:  # type: ignore[no-untyped-def]
+    """A backup taken mid-epoch is resumed by drawing the epoch's rows again in the same order:
+    fit refuses it, before writing anything, where that is not assured (steps_per_epoch: an
+    epoch does not restart its data; a DataLoader with its own generator; a Python generator)."""
+    import torch
+
     with sj.MultiWorkerMirroredStrategy().scope():
         model = _model(keras)
     model.compile(loss="mse")
     x, y = _data()
-    backup = keras.callbacks.BackupAndRestore(str(tmp_path), save_freq=2)
-    with pytest.raises(ValueError, match=r"save_freq=2\) backs up in the middle of an epoch"):
-        model.fit(x, y, verbose=0, callbacks=[backup])
-    assert not list(tmp_path.iterdir())  # refused before anything was written
+    rows = torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
+    args = {
+        "steps_per_epoch": dict(x=x, y=y, steps_per_epoch=2),
+        "own_generator": dict(
+            x=torch.utils.data.DataLoader(rows, 3, shuffle=True, generator=torch.Generator())
+        ),
+        "python_generator": dict(
+            x=((x[i : i + 3], y[i : i + 3]) for i in (0, 3)), steps_per_epoch=None
+        ),
+    }[data]
+    why = {
+        "steps_per_epoch": "with steps_per_epoch an epoch does not restart its data",
+        "own_generator": "the DataLoader shuffles with its own torch.Generator",
+        "python_generator": "the order of the batches of a generator is its own",
+    }[data]
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"), save_freq=2)
+    with pytest.raises(ValueError, match=r"save_freq=2\) backs up in the middle of an epoch") as e:
+        model.fit(verbose=0, callbacks=[backup], **args)
+    assert why in str(e.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_mid_epoch_backup_resumes_at_its_batch_in_one_worker(keras, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """One worker, shuffled, 4 batches an epoch, save_freq=3: a fit stopped in epoch 1 after
+    its batch 2 resumes after the backup taken there after batch 1 (the 6th batch), skipping
+    the 2 batches already trained, with the epoch shuffled as before and its metrics given
+    back: the weights, the optimizer's step count and the history are those of an
+    uninterrupted fit."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 3)).astype("float32")
+    y = rng.normal(size=(12, 2)).astype("float32")
+
+    class Stop(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):  # type: ignore[no-untyped-def]
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
+            if (self.epoch, batch) == (1, 2):
+                raise KeyboardInterrupt
+
+    def run(callbacks, seed=0):  # type: ignore[no-untyped-def]
+        keras.utils.set_random_seed(seed)
+        with sj.MultiWorkerMirroredStrategy().scope():
+            model = _model(keras)
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+        keras.utils.set_random_seed(1)
+        history = model.fit(x, y, batch_size=3, epochs=3, verbose=0, callbacks=callbacks)
+        return model, history
+
+    reference, expected = run([])
+    backup_dir = str(tmp_path / "backup")
+    with pytest.raises(KeyboardInterrupt):
+        run([keras.callbacks.BackupAndRestore(backup_dir, save_freq=3), Stop()])
+    model, history = run([keras.callbacks.BackupAndRestore(backup_dir, save_freq=3)])
+    assert int(model.optimizer.iterations) == int(reference.optimizer.iterations) == 12
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    for key in ("loss", "mae"):
+        np.testing.assert_allclose(history.history[key], expected.history[key][1:], rtol=1e-5)
+    assert not (tmp_path / "backup").exists()
 
 
 def test_a_model_built_outside_every_scope_is_refused_when_fit_in_one(keras) -> None:  # type: ignore[no-untyped-def]
