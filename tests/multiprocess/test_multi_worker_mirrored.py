@@ -194,6 +194,7 @@ def test_stuck_peer_ends_in_deadline_exceeded_naming_it():
         extra_env={
             "MWMS_TEST_TIMEOUT": str(timeout),
             "MWMS_TEST_MODE": "stuck",
+            "MWMS_TEST_LINGER": "3",
             "STRATEGYJOB_WAITING_REPORT_SECONDS": "1",
         },
     )
@@ -211,7 +212,7 @@ def test_stuck_peer_ends_in_deadline_exceeded_naming_it():
         assert "/task:0 (" not in error["message"] and "/task:1 (" not in error["message"]
         assert timeout <= survivor.result["seconds"] < timeout + 5
         own = f"/job:worker/replica:0/task:{index}"
-        lines = [line for line in survivor.output.splitlines() if " waiting " in line]
+        lines = [line for line in survivor.output.splitlines() if " in gradient " in line]
         assert lines and all(
             re.fullmatch(
                 rf"strategyjob: {own} waiting \d+ s in gradient all-reduce for {stuck} "

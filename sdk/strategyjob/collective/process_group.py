@@ -459,29 +459,30 @@ class CollectiveGroup:
         seconds: float,
     ) -> None:
         """Wait until every task has set its key in ``store``, saying every few seconds
-        which have not; past ``deadline``, raise TensorFlow's timeout naming them."""
+        which have not; past ``deadline``, raise TensorFlow's timeout naming them. Polled
+        with ``check``: a ``wait`` that times out logs two C++ warnings each time."""
         m = self.membership
         start = time.monotonic()
         while True:
-            left = deadline - time.monotonic()
             try:
-                slice_ = min(_RENDEZVOUS_POLL_SECONDS, max(left, 0.001))
-                store.wait(keys, datetime.timedelta(seconds=slice_))
-                return
-            except (RuntimeError, OSError) as e:
-                now = time.monotonic()
-                ended = now >= deadline or "timeout" not in str(e).lower()
-                if not (ended or reporter.due(now)):
-                    continue
+                if store.check(keys):
+                    return
+                cause: BaseException | None = None
+            except (RuntimeError, OSError) as e:  # the leader's store is gone
+                cause = e
+            now = time.monotonic()
+            ended = cause is not None or now >= deadline
+            if ended or reporter.due(now):
                 missing = [m.task_name(r) for r, k in enumerate(keys) if not _has_key(store, k)]
                 if ended:
                     raise RuntimeError(
                         f"Timeout waiting for the cluster, timeout is {seconds:g} seconds; "
                         f"not joined: {', '.join(missing) or 'unknown'}."
-                    ) from e
+                    ) from cause
                 if missing:
                     own = m.task_name(m.rank)
                     _say(waiting.rendezvous_line(own, missing, now - start, seconds))
+            time.sleep(min(_RENDEZVOUS_POLL_SECONDS, max(0.0, deadline - now)))
 
     def _shutdown(self) -> None:
         """At exit, while the interpreter is still whole: wait until the backend's threads
@@ -621,11 +622,10 @@ class CollectiveGroup:
         if work.is_completed():
             try:
                 work.wait()  # returns at once; raises the work's error, if any
-                return
             except RuntimeError as e:
                 raise self._diagnose(e, what) from e
-            finally:
-                self._listener.doing = ("", time.monotonic())
+            self._listener.doing = ("", time.monotonic())
+            return
         start = time.monotonic()
         self._listener.doing = (what, start)  # what peers probing us learn (_not_arrived)
         reporter = waiting.Reporter(self._report_seconds, start)
@@ -647,7 +647,8 @@ class CollectiveGroup:
                     own = self.task_name(self.membership.rank)
                     _say(waiting.collective_line(own, what, now - start, absent))
         finally:
-            self._listener.doing = ("", time.monotonic())
+            if self._state["broken"] is None:  # a failed one stays what peers learn of us
+                self._listener.doing = ("", time.monotonic())
 
     def _launch(self, what: str, fn, *args, **kwargs) -> dist.Work:
         """Start a ``torch.distributed`` collective asynchronously, on aliases of its tensors
