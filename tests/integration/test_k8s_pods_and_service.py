@@ -94,10 +94,21 @@ def test_each_strategy_gets_its_pods_service_and_environment(kube, operator, str
 
 @pytest.mark.timeout(60)
 def test_env_goes_to_the_container_named_strategyjob(kube, operator):
-    m = manifest("sidecar", "MultiWorkerMirroredStrategy", {"worker": 1})
+    # runPolicy.rendezvousTimeoutSeconds (kept by the CRD's schema) reaches the container as
+    # STRATEGYJOB_RENDEZVOUS_TIMEOUT, over the template's own value.
+    m = manifest(
+        "sidecar",
+        "MultiWorkerMirroredStrategy",
+        {"worker": 1},
+        run_policy={"rendezvousTimeoutSeconds": 120},
+    )
+    own = [
+        {"name": "RANK", "value": "99"},
+        {"name": "STRATEGYJOB_RENDEZVOUS_TIMEOUT", "value": "5"},
+    ]
     m["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"] = [
         {"name": "proxy", "image": "envoy", "env": [{"name": "KEEP", "value": "1"}]},
-        {"name": "strategyjob", "image": "train", "env": [{"name": "RANK", "value": "99"}]},
+        {"name": "strategyjob", "image": "train", "env": own},
     ]
     kube.create_job(m)
     pod = kube.wait_pods("sidecar", 1)["sidecar-worker-0"]
@@ -105,5 +116,6 @@ def test_env_goes_to_the_container_named_strategyjob(kube, operator):
     assert [e.name for e in proxy.env] == ["KEEP"]
     env = {e.name: e.value for e in trainer.env}
     assert env["RANK"] == "0"  # the injected value wins over the template's
+    assert env["STRATEGYJOB_RENDEZVOUS_TIMEOUT"] == "120"
     (raw,) = [p for p, _ in kube.raw_pods("sidecar")]
     assert json.loads(kube.container_env(raw, 1)["TF_CONFIG"])["task"]["type"] == "worker"

@@ -273,7 +273,7 @@ def scenario_peer_dies() -> dict:
     mode = os.environ.get("MWMS_TEST_MODE")
     if ext._worker_index == victim:
         if mode == "stuck":
-            time.sleep(2 * timeout)  # alive but never joins the next collective
+            time.sleep(3 * timeout)  # alive but never joins the next collective
             os._exit(0)
         if mode == "frozen":  # as a SIGSTOPped process or a lost node: no answer at all
             Path(os.environ["MWMS_TEST_VICTIM_PID"]).write_text(str(os.getpid()))
@@ -297,6 +297,9 @@ def scenario_peer_dies() -> dict:
     except (errors.UnavailableError, errors.DeadlineExceededError) as e:
         error = {"type": type(e).__name__, "message": str(e)}
     seconds = time.monotonic() - start
+    # A survivor that exits at once would be "down" to another still waiting for its own
+    # deadline a moment later (MWMS_TEST_LINGER: stay alive a while).
+    time.sleep(float(os.environ.get("MWMS_TEST_LINGER", "0")))
     if mode == "frozen":  # the frozen victim cannot end itself
         os.kill(int(Path(os.environ["MWMS_TEST_VICTIM_PID"]).read_text()), signal.SIGKILL)
     return {"error": error, "seconds": seconds, "timeout": timeout}

@@ -182,17 +182,43 @@ def test_frozen_peer_is_named_down_long_before_the_collective_timeout(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_stuck_peer_ends_in_deadline_exceeded():
+def test_stuck_peer_ends_in_deadline_exceeded_naming_it():
+    # Worker 2 is alive but never reaches the next collective: the others say every second
+    # that they wait for it, and their DeadlineExceededError names it (its liveness listener
+    # says it is in no collective), not only "one is stuck".
     timeout = 4.0
     runs = run_cluster(
         "peer_dies",
-        cluster_of(2),
+        cluster_of(3),
         timeout=90,
-        extra_env={"MWMS_TEST_TIMEOUT": str(timeout), "MWMS_TEST_MODE": "stuck"},
+        extra_env={
+            "MWMS_TEST_TIMEOUT": str(timeout),
+            "MWMS_TEST_MODE": "stuck",
+            "MWMS_TEST_LINGER": "3",
+            "STRATEGYJOB_WAITING_REPORT_SECONDS": "1",
+        },
     )
-    survivor = runs[0]
-    assert survivor.returncode == 0, survivor.output[-4000:]
-    error = survivor.result["error"]
-    assert error is not None and error["type"] == "DeadlineExceededError", error
-    assert "did not complete within 4 seconds" in error["message"]
-    assert timeout <= survivor.result["seconds"] < timeout + 5
+    stuck = "/job:worker/replica:0/task:2"
+    for index, survivor in enumerate(runs[:2]):
+        assert survivor.returncode == 0, survivor.output[-4000:]
+        error = survivor.result["error"]
+        assert error is not None and error["type"] == "DeadlineExceededError", error
+        assert re.match(
+            r"Collective gradient all-reduce did not complete within 4 seconds "
+            rf"\(CommunicationOptions.timeout_seconds\). Not arrived: {stuck} \(not in a "
+            r"collective for [4-9] s\)\. ",
+            error["message"],
+        ), error
+        assert "/task:0 (" not in error["message"] and "/task:1 (" not in error["message"]
+        assert timeout <= survivor.result["seconds"] < timeout + 5
+        own = f"/job:worker/replica:0/task:{index}"
+        lines = [line for line in survivor.output.splitlines() if " in gradient " in line]
+        assert lines and all(
+            re.fullmatch(
+                rf"strategyjob: {own} waiting \d+ s in gradient all-reduce for {stuck} "
+                r"\(not in a collective for \d+ s\)",
+                line,
+            )
+            for line in lines
+        ), lines
+        assert 2 <= len(lines) <= 4, lines  # every second until the 4 s timeout

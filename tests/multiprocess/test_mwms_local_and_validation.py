@@ -169,16 +169,45 @@ def test_cluster_resolver_argument_is_used_and_checked():
         sj.MultiWorkerMirroredStrategy(cluster_resolver="worker:0")
 
 
+def _waiting_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " waiting for " in line]
+
+
 @pytest.mark.timeout(30)
-def test_absent_peer_ends_rendezvous_with_its_name(monkeypatch):
-    monkeypatch.setenv("STRATEGYJOB_RENDEZVOUS_TIMEOUT", "2")
-    _tf_config(monkeypatch, {"worker": _unreachable_cluster()}, "worker", 0)
+def test_absent_peer_ends_rendezvous_with_its_name(monkeypatch, capfd):
+    # The rendezvous says every STRATEGYJOB_WAITING_REPORT_SECONDS whom it waits for, and its
+    # timeout is STRATEGYJOB_RENDEZVOUS_TIMEOUT, not the collectives' timeout_seconds.
+    monkeypatch.setenv("STRATEGYJOB_RENDEZVOUS_TIMEOUT", "3")
+    monkeypatch.setenv("STRATEGYJOB_WAITING_REPORT_SECONDS", "1")
+    _tf_config(monkeypatch, {"worker": _unreachable_cluster(3)}, "worker", 0)
+    options = CommunicationOptions(timeout_seconds=1)
     start = time.monotonic()
     with pytest.raises(RuntimeError) as e:
-        sj.MultiWorkerMirroredStrategy()
-    assert str(e.value).startswith("Timeout waiting for the cluster, timeout is 2 seconds")
-    assert "not joined: /job:worker/replica:0/task:1" in str(e.value)
-    assert time.monotonic() - start < 10
+        sj.MultiWorkerMirroredStrategy(communication_options=options)
+    elapsed = time.monotonic() - start
+    assert str(e.value) == (
+        "Timeout waiting for the cluster, timeout is 3 seconds; not joined: "
+        "/job:worker/replica:0/task:1, /job:worker/replica:0/task:2."
+    )
+    assert 3 <= elapsed < 10
+    lines = _waiting_lines(capfd.readouterr().err)
+    assert lines[0] == (
+        "strategyjob: /job:worker/replica:0/task:0 waiting for /job:worker/replica:0/task:1, "
+        "/job:worker/replica:0/task:2 (not joined for 1 s; the rendezvous times out after 3 s, "
+        "STRATEGYJOB_RENDEZVOUS_TIMEOUT)"
+    )
+    assert 2 <= len(lines) <= 3, lines  # at 1 s and 2 s (3 s: the timeout may come first)
+
+
+@pytest.mark.timeout(30)
+def test_rendezvous_settings_are_checked(monkeypatch):
+    _tf_config(monkeypatch, {"worker": _unreachable_cluster()}, "worker", 0)
+    for name in ("STRATEGYJOB_RENDEZVOUS_TIMEOUT", "STRATEGYJOB_WAITING_REPORT_SECONDS"):
+        monkeypatch.setenv(name, "ten")
+        with pytest.raises(ValueError) as e:
+            sj.MultiWorkerMirroredStrategy()
+        assert str(e.value).startswith(f"{name}='ten' is not a positive number of seconds.")
+        monkeypatch.delenv(name)
 
 
 # --- rendezvous derived from TF_CONFIG (pure logic) ----------------------------------------------
@@ -211,15 +240,21 @@ def test_membership_environment_takes_precedence():
 
 
 @pytest.mark.timeout(30)
-def test_absent_leader_ends_rendezvous_with_its_name(monkeypatch):
-    monkeypatch.setenv("STRATEGYJOB_RENDEZVOUS_TIMEOUT", "2")
+def test_absent_leader_ends_rendezvous_with_its_name(monkeypatch, capfd):
+    monkeypatch.setenv("STRATEGYJOB_RENDEZVOUS_TIMEOUT", "3")
+    monkeypatch.setenv("STRATEGYJOB_WAITING_REPORT_SECONDS", "1")
     _tf_config(monkeypatch, {"worker": _unreachable_cluster()}, "worker", 1)
     start = time.monotonic()
     with pytest.raises(RuntimeError) as e:
         sj.MultiWorkerMirroredStrategy()
-    assert str(e.value).startswith("Timeout waiting for the cluster, timeout is 2 seconds")
+    assert str(e.value).startswith("Timeout waiting for the cluster, timeout is 3 seconds")
     assert "could not reach the collective leader /job:worker/replica:0/task:0" in str(e.value)
     assert time.monotonic() - start < 10
+    lines = _waiting_lines(capfd.readouterr().err)
+    assert lines[0] == (
+        "strategyjob: /job:worker/replica:0/task:1 waiting for /job:worker/replica:0/task:0 "
+        "(not joined for 1 s; the rendezvous times out after 3 s, STRATEGYJOB_RENDEZVOUS_TIMEOUT)"
+    )
 
 
 @pytest.mark.timeout(30)

@@ -11,7 +11,9 @@ waited for in short slices; between slices the peers' liveness listeners are pro
 connect: refused means the process is gone), so a dead peer ends the step with
 ``UnavailableError("cluster check alive failed, /job:worker/replica:0/task:1 is down")``
 (TensorFlow's message) and a stuck one with ``DeadlineExceededError`` after
-``CommunicationOptions.timeout_seconds`` — never a hang.
+``CommunicationOptions.timeout_seconds`` naming the peers that did not arrive — never a hang.
+While waiting (in the rendezvous or a slow collective) a task says every few seconds whom it
+waits for (``collective.waiting``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import datetime
 import gc
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from strategyjob import _names, errors
+from strategyjob.collective import waiting
 from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
 from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffers
 
@@ -43,9 +47,10 @@ __all__ = [
     "membership_from_cluster",
 ]
 
-#: Rendezvous and gloo timeout when ``timeout_seconds`` is None (torch's default).
+#: Collective (and gloo) timeout when ``timeout_seconds`` is None (torch's default).
 DEFAULT_TIMEOUT_SECONDS = 1800.0
-#: Environment variable overriding the rendezvous timeout (seconds).
+#: Environment variable setting the rendezvous timeout (seconds); default
+#: :data:`waiting.DEFAULT_RENDEZVOUS_SECONDS`.
 ENV_RENDEZVOUS_TIMEOUT = _names.ENV_RENDEZVOUS_TIMEOUT
 #: Slice of a collective wait between two liveness checks.
 _POLL_SECONDS = 1.0
@@ -57,6 +62,8 @@ _POLL_SECONDS = 1.0
 UNRESPONSIVE_PEER_SECONDS = 30.0
 #: Environment variable overriding :data:`UNRESPONSIVE_PEER_SECONDS`.
 ENV_UNRESPONSIVE_PEER_SECONDS = _names.ENV_UNRESPONSIVE_PEER_SECONDS
+#: How often a task waiting in the rendezvous looks again whether its peers have come.
+_RENDEZVOUS_POLL_SECONDS = 0.5
 #: How long a failed collective keeps probing before it gives up naming the dead peer.
 _DIAGNOSE_SECONDS = 3.0
 _PROBE_TIMEOUT_SECONDS = 2.0
@@ -169,10 +176,14 @@ def _timeout_seconds(options: CommunicationOptions) -> float:
     return float(options.timeout_seconds) if options.timeout_seconds else DEFAULT_TIMEOUT_SECONDS
 
 
-def _rendezvous_seconds(options: CommunicationOptions) -> float:
-    if os.environ.get(ENV_RENDEZVOUS_TIMEOUT):
-        return float(os.environ[ENV_RENDEZVOUS_TIMEOUT])
-    return _timeout_seconds(options)
+def _rendezvous_seconds() -> float:
+    """Not ``timeout_seconds``, which bounds collectives (as in TensorFlow): the rendezvous
+    waits for pods to be scheduled and started, which takes as long as it takes."""
+    return waiting.positive_seconds(ENV_RENDEZVOUS_TIMEOUT, waiting.DEFAULT_RENDEZVOUS_SECONDS)
+
+
+def _say(line: str) -> None:
+    print(f"strategyjob: {line}", file=sys.stderr, flush=True)
 
 
 def _is_poll_timeout(error: BaseException) -> bool:
@@ -186,9 +197,13 @@ class _LivenessListener:
     A daemon thread blocked in ``accept()`` (no CPU while idle) sends one byte to each
     connection: a dead process's socket refuses connections at once, and a frozen one (whose
     kernel still completes the connection) never sends the byte, which is how peers tell.
+    The byte is followed by what the process is doing (:class:`waiting.Activity`), which a
+    peer waiting in a collective reads to name those that are not in it.
     """
 
     def __init__(self) -> None:
+        #: (the collective this process waits in, "" for none; since when, monotonic)
+        self.doing: tuple[str, float] = ("", time.monotonic())
         if socket.has_dualstack_ipv6():
             self._sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
@@ -207,8 +222,10 @@ class _LivenessListener:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            collective, since = self.doing
+            activity = waiting.Activity(collective, time.monotonic() - since)
             with contextlib.suppress(OSError), conn:
-                conn.sendall(_ALIVE)
+                conn.sendall(_ALIVE + activity.encode())
 
 
 class _InFlight:
@@ -284,18 +301,29 @@ def _probe(address: tuple[str, int]) -> bool | None:
         return None
 
 
-def _unresponsive_seconds() -> float:
-    value = os.environ.get(ENV_UNRESPONSIVE_PEER_SECONDS)
+def _activity(address: tuple[str, int]) -> waiting.Activity | None:
+    """What the peer listening at ``address`` says it is doing; None if it does not say."""
+    data = b""
     try:
-        seconds = float(value) if value else UNRESPONSIVE_PEER_SECONDS
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(
-            f"{ENV_UNRESPONSIVE_PEER_SECONDS}={value!r} is not a positive number of seconds. "
-            f"Unset it for the default ({UNRESPONSIVE_PEER_SECONDS:g})."
-        )
-    return seconds
+        with socket.create_connection(address, timeout=_PROBE_TIMEOUT_SECONDS) as sock:
+            while chunk := sock.recv(256):
+                data += chunk
+    except OSError:
+        return None
+    return waiting.Activity.decode(data[1:]) if data[:1] == _ALIVE else None
+
+
+def _reachable(address: tuple[str, int], timeout: float) -> bool:
+    """Whether something accepts connections at ``address`` (its name may not resolve yet)."""
+    try:
+        with socket.create_connection(address, timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _unresponsive_seconds() -> float:
+    return waiting.positive_seconds(ENV_UNRESPONSIVE_PEER_SECONDS, UNRESPONSIVE_PEER_SECONDS)
 
 
 def down_peers(
@@ -334,6 +362,9 @@ class CollectiveGroup:
         self._dist_group: Any = None  # the torch group of the collectives (None: default)
         self._gather_order: list[int] | None = None  # group ranks in worker order (None: same)
         self._unresponsive = _unresponsive_seconds()
+        self._report_seconds = waiting.positive_seconds(
+            waiting.ENV_WAITING_REPORT_SECONDS, waiting.DEFAULT_REPORT_SECONDS
+        )
         self._peers: dict[int, tuple[str, int]] = {}
         self._listener = _LivenessListener()
         try:
@@ -345,8 +376,10 @@ class CollectiveGroup:
     # ----------------------------------------------------------------- set-up
     def _rendezvous(self) -> None:
         m = self.membership
-        seconds = _rendezvous_seconds(self.options)
+        seconds = _rendezvous_seconds()
         timeout = datetime.timedelta(seconds=seconds)
+        deadline = time.monotonic() + seconds
+        reporter = waiting.Reporter(self._report_seconds, time.monotonic())
         if dist.is_initialized():
             if dist.get_world_size() != m.world_size or dist.get_rank() != m.rank:
                 raise RuntimeError(
@@ -357,14 +390,17 @@ class CollectiveGroup:
             store = dist.distributed_c10d._get_default_store()
         else:
             try:
+                if m.rank != 0:
+                    self._await_leader(deadline, reporter, seconds)
                 store = dist.TCPStore(
                     m.master_addr,
                     m.master_port,
                     m.world_size,
                     is_master=m.rank == 0,
-                    timeout=timeout,
+                    timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
                     wait_for_workers=False,
                 )
+                store.set_timeout(timeout)
             except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError
                 if m.rank == 0 and "EADDRINUSE" in str(e):
                     raise RuntimeError(
@@ -381,14 +417,7 @@ class CollectiveGroup:
         # Liveness addresses double as the rendezvous barrier that names absent tasks.
         store.set(f"{_KEY_PREFIX}alive/{m.rank}", f"{m.host}:{self._listener.port}")
         keys = [f"{_KEY_PREFIX}alive/{r}" for r in range(m.world_size)]
-        try:
-            store.wait(keys, timeout)
-        except (RuntimeError, OSError) as e:
-            missing = [m.task_name(r) for r, k in enumerate(keys) if not _has_key(store, k)]
-            raise RuntimeError(
-                f"Timeout waiting for the cluster, timeout is {seconds:g} seconds; "
-                f"not joined: {', '.join(missing) or 'unknown'}."
-            ) from e
+        self._await_peers(store, keys, deadline, reporter, seconds)
         for r, key in enumerate(keys):
             if r != m.rank:
                 self._peers[r] = _split_address(store.get(key).decode())
@@ -405,6 +434,55 @@ class CollectiveGroup:
         self._store = store
         self._pg = dist.distributed_c10d._get_default_group()
         self._sum_options = dist.AllreduceOptions()  # reduceOp defaults to SUM
+
+    def _await_leader(self, deadline: float, reporter: waiting.Reporter, seconds: float) -> None:
+        """Wait until the leader's rendezvous port accepts connections, saying so every few
+        seconds; past ``deadline``, return and let the store's own connect fail. Polled with
+        plain sockets: the store's connect logs a C++ trace per failed try."""
+        m = self.membership
+        start = time.monotonic()
+        while not _reachable((m.master_addr, m.master_port), _PROBE_TIMEOUT_SECONDS):
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            if reporter.due(now):
+                own = m.task_name(m.rank)
+                _say(waiting.rendezvous_line(own, [m.task_name(0)], now - start, seconds))
+            time.sleep(min(_RENDEZVOUS_POLL_SECONDS, max(0.0, deadline - now)))
+
+    def _await_peers(
+        self,
+        store: dist.Store,
+        keys: list[str],
+        deadline: float,
+        reporter: waiting.Reporter,
+        seconds: float,
+    ) -> None:
+        """Wait until every task has set its key in ``store``, saying every few seconds
+        which have not; past ``deadline``, raise TensorFlow's timeout naming them. Polled
+        with ``check``: a ``wait`` that times out logs two C++ warnings each time."""
+        m = self.membership
+        start = time.monotonic()
+        while True:
+            try:
+                if store.check(keys):
+                    return
+                cause: BaseException | None = None
+            except (RuntimeError, OSError) as e:  # the leader's store is gone
+                cause = e
+            now = time.monotonic()
+            ended = cause is not None or now >= deadline
+            if ended or reporter.due(now):
+                missing = [m.task_name(r) for r, k in enumerate(keys) if not _has_key(store, k)]
+                if ended:
+                    raise RuntimeError(
+                        f"Timeout waiting for the cluster, timeout is {seconds:g} seconds; "
+                        f"not joined: {', '.join(missing) or 'unknown'}."
+                    ) from cause
+                if missing:
+                    own = m.task_name(m.rank)
+                    _say(waiting.rendezvous_line(own, missing, now - start, seconds))
+            time.sleep(min(_RENDEZVOUS_POLL_SECONDS, max(0.0, deadline - now)))
 
     def _shutdown(self) -> None:
         """At exit, while the interpreter is still whole: wait until the backend's threads
@@ -509,12 +587,25 @@ class CollectiveGroup:
         )
 
     def _deadline(self, what: str) -> errors.DeadlineExceededError:
+        absent = self._not_arrived(what)
+        if absent:
+            peers = ", ".join(f"{name} ({a.describe()})" for name, a in absent.items())
+            who = f"Not arrived: {peers}. A peer that is alive but not in it is stuck or"
+        else:
+            who = "Every peer is alive, so one is stuck or"
         return errors.DeadlineExceededError(
             f"Collective {what} did not complete within {self._timeout:g} seconds "
-            "(CommunicationOptions.timeout_seconds). Every peer is alive, so one is stuck or "
-            "running different code (all workers must issue the same collectives in the "
-            "same order)."
+            f"(CommunicationOptions.timeout_seconds). {who} running different code (all "
+            "workers must issue the same collectives in the same order)."
         )
+
+    def _not_arrived(self, what: str) -> dict[str, waiting.Activity]:
+        """The peers of this group's collectives that say they are not waiting in ``what``."""
+        members = self._peers.keys()
+        if self._dist_group is not None:  # a sub-group: only its members take part
+            members = set(dist.get_process_group_ranks(self._dist_group)) & set(members)
+        activities = {self.task_name(r): _activity(self._peers[r]) for r in sorted(members)}
+        return waiting.not_arrived(activities, what)
 
     def check(self) -> None:
         """Raise the error that broke the group, if any: later collectives would hang."""
@@ -531,22 +622,33 @@ class CollectiveGroup:
         if work.is_completed():
             try:
                 work.wait()  # returns at once; raises the work's error, if any
-                return
             except RuntimeError as e:
                 raise self._diagnose(e, what) from e
+            self._listener.doing = ("", time.monotonic())
+            return
         start = time.monotonic()
-        while True:
-            try:
-                work.wait(self._poll)
-                return
-            except RuntimeError as e:
-                if not _is_poll_timeout(e):
-                    raise self._diagnose(e, what) from e
-            dead = self.dead_peers()
-            if dead:
-                raise self._fail(self._unavailable(dead, what))
-            if time.monotonic() - start >= self._timeout:
-                raise self._fail(self._deadline(what))
+        self._listener.doing = (what, start)  # what peers probing us learn (_not_arrived)
+        reporter = waiting.Reporter(self._report_seconds, start)
+        try:
+            while True:
+                try:
+                    work.wait(self._poll)
+                    return
+                except RuntimeError as e:
+                    if not _is_poll_timeout(e):
+                        raise self._diagnose(e, what) from e
+                dead = self.dead_peers()
+                if dead:
+                    raise self._fail(self._unavailable(dead, what))
+                now = time.monotonic()
+                if now - start >= self._timeout:
+                    raise self._fail(self._deadline(what))
+                if reporter.due(now) and (absent := self._not_arrived(what)):
+                    own = self.task_name(self.membership.rank)
+                    _say(waiting.collective_line(own, what, now - start, absent))
+        finally:
+            if self._state["broken"] is None:  # a failed one stays what peers learn of us
+                self._listener.doing = ("", time.monotonic())
 
     def _launch(self, what: str, fn, *args, **kwargs) -> dist.Work:
         """Start a ``torch.distributed`` collective asynchronously, on aliases of its tensors

@@ -28,6 +28,8 @@ ENV_POD_NAME = _names.ENV_POD_NAME
 #: this replica), so that training code and logs can tell the attempts apart (JobSet's
 #: restart attempt).
 ENV_RESTART_ATTEMPT = _names.ENV_RESTART_ATTEMPT
+#: Set for chief and worker replicas when the manifest has ``runPolicy.rendezvousTimeoutSeconds``.
+ENV_RENDEZVOUS_TIMEOUT = _names.ENV_RENDEZVOUS_TIMEOUT
 
 #: The job's shared secret, checked by the parameter-server gRPC servers
 #: (``strategyjob.ps._transport.TOKEN_ENV``). Not part of :func:`replica_env`: the operator
@@ -303,6 +305,8 @@ def _replica_env(
         num_chief = job.num_replicas("chief")
         env[ENV_WORLD_SIZE] = str(num_chief + job.num_replicas("worker"))
         env[ENV_RANK] = str(0 if replica_type == "chief" else index + num_chief)
+        if job.run_policy.rendezvous_timeout_seconds is not None:
+            env[ENV_RENDEZVOUS_TIMEOUT] = str(job.run_policy.rendezvous_timeout_seconds)
     return env
 
 

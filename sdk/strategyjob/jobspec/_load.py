@@ -66,6 +66,7 @@ _RUN_POLICY_FIELDS = (
     "backoffLimit",
     "activeDeadlineSeconds",
     "pendingTimeoutSeconds",
+    "rendezvousTimeoutSeconds",
     "ttlSecondsAfterFinished",
     "cleanPodPolicy",
     "suspend",
@@ -591,6 +592,14 @@ def _read_run_policy(check: _Checker, raw: Any) -> RunPolicy:
         pending_timeout_seconds=check.integer(
             f"{path}.pendingTimeoutSeconds",
             fields.get("pendingTimeoutSeconds"),
+            None,
+            minimum=1,
+            maximum=MAX_INT32,
+            example=600,
+        ),
+        rendezvous_timeout_seconds=check.integer(
+            f"{path}.rendezvousTimeoutSeconds",
+            fields.get("rendezvousTimeoutSeconds"),
             None,
             minimum=1,
             maximum=MAX_INT32,

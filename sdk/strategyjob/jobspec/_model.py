@@ -154,6 +154,9 @@ class RunPolicy:
     #: Seconds a pod may stay Pending (unscheduled, or its image not pulled) before the
     #: job fails with PendingTimeoutExceeded; None waits forever.
     pending_timeout_seconds: int | None = None
+    #: Seconds a chief or worker waits in the rendezvous for all of them to start (the
+    #: replicas' STRATEGYJOB_RENDEZVOUS_TIMEOUT); None keeps the SDK's default.
+    rendezvous_timeout_seconds: int | None = None
 
 
 class _RequiredBuildOptions(TypedDict):

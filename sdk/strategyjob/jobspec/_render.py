@@ -79,6 +79,8 @@ def _run_policy(job: StrategyJob) -> dict[str, Any]:
         out["activeDeadlineSeconds"] = rp.active_deadline_seconds
     if rp.pending_timeout_seconds is not None:
         out["pendingTimeoutSeconds"] = rp.pending_timeout_seconds
+    if rp.rendezvous_timeout_seconds is not None:
+        out["rendezvousTimeoutSeconds"] = rp.rendezvous_timeout_seconds
     if rp.ttl_seconds_after_finished is not None:
         out["ttlSecondsAfterFinished"] = rp.ttl_seconds_after_finished
     if rp.clean_pod_policy != DEFAULT_CLEAN_POD_POLICY:

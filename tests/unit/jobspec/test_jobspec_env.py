@@ -6,11 +6,13 @@ import json
 
 import pytest
 from strategyjob.jobspec import (
+    ManifestError,
     cluster_for_kubernetes,
     leader,
     load_manifest,
     replica_env,
     success_replicas,
+    to_manifest,
     training_container,
 )
 
@@ -89,6 +91,30 @@ def test_the_restart_attempt_tells_runs_apart(ps_job):
         for n in range(3)
     ]
     assert attempts == ["0", "1", "2"]
+
+
+def test_the_rendezvous_timeout_reaches_chief_and_workers_only(make_manifest):
+    # runPolicy.rendezvousTimeoutSeconds is the replicas' STRATEGYJOB_RENDEZVOUS_TIMEOUT (the
+    # one env function serves the operator and strategyjob run); unset, none is injected, so
+    # a value the template sets stays in force.
+    obj = make_manifest("ParameterServerStrategy", chief=1, worker=1, ps=1)
+    unset = load_manifest(obj)
+    cluster = cluster_for_kubernetes(unset)
+    assert "STRATEGYJOB_RENDEZVOUS_TIMEOUT" not in replica_env(unset, "worker", 0, cluster)
+    obj["spec"]["runPolicy"] = {"rendezvousTimeoutSeconds": 300}
+    job = load_manifest(obj)
+    timeouts = {
+        t: replica_env(job, t, 0, cluster).get("STRATEGYJOB_RENDEZVOUS_TIMEOUT")
+        for t in ("chief", "worker", "ps")
+    }
+    assert timeouts == {"chief": "300", "worker": "300", "ps": None}
+    assert to_manifest(job)["spec"]["runPolicy"] == {"rendezvousTimeoutSeconds": 300}
+    obj["spec"]["runPolicy"] = {"rendezvousTimeoutSeconds": 0}
+    with pytest.raises(ManifestError) as e:
+        load_manifest(obj)
+    assert str(e.value) == (
+        "spec.runPolicy.rendezvousTimeoutSeconds: must be at least 1 (got 0). Set it to 1 or more."
+    )
 
 
 def test_without_chief_worker_zero_leads_and_ranks_start_at_zero(make_manifest):

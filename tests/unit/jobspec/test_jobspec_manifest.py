@@ -336,7 +336,8 @@ def test_unknown_fields_are_reported_with_their_path(make_manifest):
             path="spec.runPolicy.backofLimit",
             value='"backofLimit"',
             known="backoffLimit, activeDeadlineSeconds, pendingTimeoutSeconds, "
-            "ttlSecondsAfterFinished, cleanPodPolicy, suspend, schedulingPolicy",
+            "rendezvousTimeoutSeconds, ttlSecondsAfterFinished, cleanPodPolicy, suspend, "
+            "schedulingPolicy",
         ),
     ]
 
