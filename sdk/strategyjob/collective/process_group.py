@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import ctypes
 import datetime
 import gc
 import os
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from strategyjob import _names, errors
+from strategyjob.collective import _torch_internals
 from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
 from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffers
 
@@ -49,6 +51,8 @@ DEFAULT_TIMEOUT_SECONDS = 1800.0
 ENV_RENDEZVOUS_TIMEOUT = _names.ENV_RENDEZVOUS_TIMEOUT
 #: Slice of a collective wait between two liveness checks.
 _POLL_SECONDS = 1.0
+#: Interval of the rendezvous' polls, which is how soon Ctrl-C (SIGINT) stops it.
+_RENDEZVOUS_POLL_SECONDS = 0.1
 #: A peer whose liveness listener does not answer for this long (its process frozen, its node
 #: or pod gone: connections time out or find no route) counts as down, as a refused connection
 #: (its process exited) does at once. TensorFlow's collective health check gives up after about
@@ -175,6 +179,32 @@ def _rendezvous_seconds(options: CommunicationOptions) -> float:
     return _timeout_seconds(options)
 
 
+def _wait_until_listening(address: tuple[str, int], deadline: float) -> None:
+    """Return once ``address`` accepts connections; ``TimeoutError`` past ``deadline``.
+
+    Why not leave it to ``TCPStore``: its connect loop retries ``EINTR`` inside C++ until its
+    timeout, so Ctrl-C would wait for that; and short connect timeouts retried around it log
+    a C++ stack trace each. Polled from Python, a signal's handler runs within a slice."""
+    while True:
+        try:
+            with socket.create_connection(address, timeout=_RENDEZVOUS_POLL_SECONDS):
+                return
+        except OSError as e:  # refused (not up yet), no route, its name not in DNS yet
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no answer from {address[0]}:{address[1]} ({e})") from e
+        time.sleep(_RENDEZVOUS_POLL_SECONDS)
+
+
+def _wait_for_keys(store: dist.Store, keys: list[str], deadline: float) -> None:
+    """Return once ``store`` has every key; ``TimeoutError`` past ``deadline``. Polled with
+    non-blocking checks, for the reason of :func:`_wait_until_listening` (``store.wait`` is
+    one uninterruptible C++ call, and each timed-out slice of it logs a warning)."""
+    while not store.check(keys):
+        if time.monotonic() >= deadline:
+            raise TimeoutError("not every task joined")
+        time.sleep(_RENDEZVOUS_POLL_SECONDS)
+
+
 def _is_poll_timeout(error: BaseException) -> bool:
     """``Work.wait(timeout)`` raises this when the slice ends, the collective still running."""
     return "Operation timed out!" in str(error)
@@ -269,6 +299,18 @@ class _InFlight:
 _in_flight = _InFlight()
 
 
+def _keep_until_exit(objects: Sequence[Any]) -> None:
+    """Never free ``objects``, not even in interpreter finalisation: the OS reclaims them.
+
+    Why: a process group whose collective still waits on a lost peer cannot be destroyed
+    (its destructor joins the backend thread blocked in that collective, gloo's or NCCL's);
+    finalisation's garbage collection would otherwise hang there ("Garbage-collecting", no
+    Python frame) long after the error was printed. An extra reference is the only way to
+    stop finalisation freeing an object."""
+    for obj in objects:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
 _ALIVE = b"\x01"
 
 
@@ -356,15 +398,19 @@ class CollectiveGroup:
                 )
             store = dist.distributed_c10d._get_default_store()
         else:
+            deadline = time.monotonic() + seconds
             try:
+                if m.rank != 0:
+                    _wait_until_listening((m.master_addr, m.master_port), deadline)
                 store = dist.TCPStore(
                     m.master_addr,
                     m.master_port,
                     m.world_size,
                     is_master=m.rank == 0,
-                    timeout=timeout,
+                    timeout=datetime.timedelta(seconds=max(deadline - time.monotonic(), 1.0)),
                     wait_for_workers=False,
                 )
+                store.set_timeout(timeout)
             except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError
                 if m.rank == 0 and "EADDRINUSE" in str(e):
                     raise RuntimeError(
@@ -382,7 +428,7 @@ class CollectiveGroup:
         store.set(f"{_KEY_PREFIX}alive/{m.rank}", f"{m.host}:{self._listener.port}")
         keys = [f"{_KEY_PREFIX}alive/{r}" for r in range(m.world_size)]
         try:
-            store.wait(keys, timeout)
+            _wait_for_keys(store, keys, time.monotonic() + seconds)
         except (RuntimeError, OSError) as e:
             missing = [m.task_name(r) for r, k in enumerate(keys) if not _has_key(store, k)]
             raise RuntimeError(
@@ -415,14 +461,22 @@ class CollectiveGroup:
         Destroying the group does not stop gloo's threads while anything else references it
         (``torch.distributed.nn.functional``, which an optimizer's first use imports, keeps
         the default group in its functions' default arguments; a DDP module keeps its own):
-        they run on into interpreter finalisation, hence the drain."""
+        they run on into interpreter finalisation, hence the drain.
+
+        A broken group's backend threads may be blocked for good (on a frozen peer, for
+        gloo's 30-minute timeout), and the groups' destructors join them: its groups are
+        kept from destruction instead (:func:`_keep_until_exit`), so the process exits at
+        once with the exit status Python gives it."""
         # Collect garbage while the interpreter is whole: a cycle holding a finished
         # collective's work (a DTensor's functional collective, say) left to finalisation's
         # collection gets its tensors released by a gloo thread that cannot take the GIL
         # any more, and the process aborts ("terminate called without an active exception").
         gc.collect()
-        _in_flight.drain(_EXIT_DRAIN_SECONDS)
-        if self._owns_pg and self._state["broken"] is None and dist.is_initialized():
+        broken = self._state["broken"] is not None
+        _in_flight.drain(0.0 if broken else _EXIT_DRAIN_SECONDS)  # broken: work never ends
+        if broken:
+            _keep_until_exit(_torch_internals.process_groups())
+        elif self._owns_pg and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._pg = self._store = None
@@ -535,18 +589,30 @@ class CollectiveGroup:
             except RuntimeError as e:
                 raise self._diagnose(e, what) from e
         start = time.monotonic()
-        while True:
-            try:
-                work.wait(self._poll)
-                return
-            except RuntimeError as e:
-                if not _is_poll_timeout(e):
-                    raise self._diagnose(e, what) from e
-            dead = self.dead_peers()
-            if dead:
-                raise self._fail(self._unavailable(dead, what))
-            if time.monotonic() - start >= self._timeout:
-                raise self._fail(self._deadline(what))
+        try:
+            while True:
+                try:
+                    work.wait(self._poll)
+                    return
+                except RuntimeError as e:
+                    if not _is_poll_timeout(e):
+                        raise self._diagnose(e, what) from e
+                dead = self.dead_peers()
+                if dead:
+                    raise self._fail(self._unavailable(dead, what))
+                if time.monotonic() - start >= self._timeout:
+                    raise self._fail(self._deadline(what))
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or a signal handler's exit
+            if isinstance(e.__context__, RuntimeError) and _is_poll_timeout(e.__context__):
+                e.__suppress_context__ = True  # a slice's end, not a cause worth showing
+            if not work.is_completed():  # a backend thread still runs it: the group is spent
+                self._fail(
+                    errors.CancelledError(
+                        f"Collective {what} was interrupted; a backend thread still runs it, "
+                        "so this process cannot run collectives any more. Restart it."
+                    )
+                )
+            raise
 
     def _launch(self, what: str, fn, *args, **kwargs) -> dist.Work:
         """Start a ``torch.distributed`` collective asynchronously, on aliases of its tensors
