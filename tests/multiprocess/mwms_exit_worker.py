@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 
 import strategyjob as sj
 import torch
@@ -60,10 +61,11 @@ def run_jobs(jobs: int) -> tuple[str, int] | None:
     return None
 
 
-def work(index: int) -> None:
-    """Two training steps, then collectives on one CPU whose tensors are dropped at once."""
-    options = sj.experimental.CommunicationOptions(timeout_seconds=60)
-    strategy = sj.MultiWorkerMirroredStrategy(communication_options=options)
+def training_step(
+    strategy: sj.MultiWorkerMirroredStrategy,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A small model and its SGD optimizer made in ``strategy``'s scope; the training step
+    to ``strategy.run`` on a batch of shape ``(n, 16)``, which returns the loss."""
     with strategy.scope():  # the optimizer imports what keeps the process group referenced
         model = torch.nn.Sequential(
             torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
@@ -77,6 +79,14 @@ def work(index: int) -> None:
         optimizer.step()
         return loss.detach()
 
+    return step
+
+
+def work(index: int) -> None:
+    """Two training steps, then collectives on one CPU whose tensors are dropped at once."""
+    options = sj.experimental.CommunicationOptions(timeout_seconds=60)
+    strategy = sj.MultiWorkerMirroredStrategy(communication_options=options)
+    step = training_step(strategy)
     x = torch.ones(8, 16)
     for _ in range(2):
         float(strategy.reduce(sj.ReduceOp.MEAN, strategy.run(step, args=(x,)), axis=None))

@@ -4,6 +4,7 @@ stops early)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -116,3 +117,23 @@ def stop_strategyjob_run(proc: subprocess.Popen[Any], grace: float = 30) -> None
         except subprocess.TimeoutExpired:
             pass
     stop(proc)
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (Linux ``/proc``): how a test sees that a
+    process has reached a server socket it opens, without a line it prints."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -9,12 +9,15 @@ a training step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = [
     "CAN_COUNT_STORAGE_USES",
     "current_backward_pass",
+    "process_groups",
     "run_when_backward_ends",
     "storage_uses",
 ]
@@ -49,3 +52,13 @@ def run_when_backward_ends(callback: Callable[[], None]) -> None:
     (the public hooks fire per tensor, before the pass ends). Must be called from inside a
     backward pass (a gradient hook)."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def process_groups() -> list[Any]:
+    """Every ``torch.distributed`` process group of this process: the default one and those
+    created since (sub-groups, a DeviceMesh's); none before ``init_process_group``.
+
+    Why private: torch lists its groups only in ``distributed_c10d``'s module state. A process
+    ending after a failed collective must keep them all from being destroyed (their
+    destructors join backend threads still blocked on the lost peer)."""
+    return list(dist.distributed_c10d._world.pg_map) if dist.is_initialized() else []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import ctypes
 import datetime
 import gc
 import os
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from strategyjob import _names, errors
 from strategyjob.collective import waiting
+from strategyjob.collective import _torch_internals
 from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
 from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffers
 
@@ -54,6 +56,8 @@ DEFAULT_TIMEOUT_SECONDS = 1800.0
 ENV_RENDEZVOUS_TIMEOUT = _names.ENV_RENDEZVOUS_TIMEOUT
 #: Slice of a collective wait between two liveness checks.
 _POLL_SECONDS = 1.0
+#: Interval of the rendezvous' polls, which is how soon Ctrl-C (SIGINT) stops it.
+_RENDEZVOUS_POLL_SECONDS = 0.1
 #: A peer whose liveness listener does not answer for this long (its process frozen, its node
 #: or pod gone: connections time out or find no route) counts as down, as a refused connection
 #: (its process exited) does at once. TensorFlow's collective health check gives up after about
@@ -286,6 +290,18 @@ class _InFlight:
 _in_flight = _InFlight()
 
 
+def _keep_until_exit(objects: Sequence[Any]) -> None:
+    """Never free ``objects``, not even in interpreter finalisation: the OS reclaims them.
+
+    Why: a process group whose collective still waits on a lost peer cannot be destroyed
+    (its destructor joins the backend thread blocked in that collective, gloo's or NCCL's);
+    finalisation's garbage collection would otherwise hang there ("Garbage-collecting", no
+    Python frame) long after the error was printed. An extra reference is the only way to
+    stop finalisation freeing an object."""
+    for obj in objects:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
 _ALIVE = b"\x01"
 
 
@@ -389,6 +405,7 @@ class CollectiveGroup:
                 )
             store = dist.distributed_c10d._get_default_store()
         else:
+            deadline = time.monotonic() + seconds
             try:
                 if m.rank != 0:
                     self._await_leader(deadline, reporter, seconds)
@@ -493,14 +510,22 @@ class CollectiveGroup:
         Destroying the group does not stop gloo's threads while anything else references it
         (``torch.distributed.nn.functional``, which an optimizer's first use imports, keeps
         the default group in its functions' default arguments; a DDP module keeps its own):
-        they run on into interpreter finalisation, hence the drain."""
+        they run on into interpreter finalisation, hence the drain.
+
+        A broken group's backend threads may be blocked for good (on a frozen peer, for
+        gloo's 30-minute timeout), and the groups' destructors join them: its groups are
+        kept from destruction instead (:func:`_keep_until_exit`), so the process exits at
+        once with the exit status Python gives it."""
         # Collect garbage while the interpreter is whole: a cycle holding a finished
         # collective's work (a DTensor's functional collective, say) left to finalisation's
         # collection gets its tensors released by a gloo thread that cannot take the GIL
         # any more, and the process aborts ("terminate called without an active exception").
         gc.collect()
-        _in_flight.drain(_EXIT_DRAIN_SECONDS)
-        if self._owns_pg and self._state["broken"] is None and dist.is_initialized():
+        broken = self._state["broken"] is not None
+        _in_flight.drain(0.0 if broken else _EXIT_DRAIN_SECONDS)  # broken: work never ends
+        if broken:
+            _keep_until_exit(_torch_internals.process_groups())
+        elif self._owns_pg and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         self._pg = self._store = None
@@ -646,6 +671,17 @@ class CollectiveGroup:
                 if reporter.due(now) and (absent := self._not_arrived(what)):
                     own = self.task_name(self.membership.rank)
                     _say(waiting.collective_line(own, what, now - start, absent))
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, or a signal handler's exit
+            if isinstance(e.__context__, RuntimeError) and _is_poll_timeout(e.__context__):
+                e.__suppress_context__ = True  # a slice's end, not a cause worth showing
+            if not work.is_completed():  # a backend thread still runs it: the group is spent
+                self._fail(
+                    errors.CancelledError(
+                        f"Collective {what} was interrupted; a backend thread still runs it, "
+                        "so this process cannot run collectives any more. Restart it."
+                    )
+                )
+            raise
         finally:
             if self._state["broken"] is None:  # a failed one stays what peers learn of us
                 self._listener.doing = ("", time.monotonic())

@@ -4,6 +4,7 @@ still behave as it relies on: a torch release that changes one fails here, by na
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from strategyjob.collective import _torch_internals as internals
 
 
@@ -37,3 +38,15 @@ def test_each_backward_pass_has_its_own_id_and_callbacks_run_after_every_gradien
     assert len(tasks) == 4 and tasks[0] == tasks[1] and tasks[2] == tasks[3]
     assert tasks[0] != tasks[2]
     assert ended == [2, 4]  # each pass's callback ran after both of its gradients
+
+
+def test_process_groups_lists_the_default_group_and_its_sub_groups(tmp_path):
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        sub = dist.new_group([0])
+        groups = internals.process_groups()
+        assert dist.group.WORLD in groups and sub in groups
+    finally:
+        dist.destroy_process_group()
+    assert internals.process_groups() == []
