@@ -37,8 +37,7 @@ import torch
 import torch.distributed as dist
 
 from strategyjob import _names, errors
-from strategyjob.collective import waiting
-from strategyjob.collective import _torch_internals
+from strategyjob.collective import _torch_internals, waiting
 from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
 from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffers
 
@@ -66,8 +65,6 @@ _RENDEZVOUS_POLL_SECONDS = 0.1
 UNRESPONSIVE_PEER_SECONDS = 30.0
 #: Environment variable overriding :data:`UNRESPONSIVE_PEER_SECONDS`.
 ENV_UNRESPONSIVE_PEER_SECONDS = _names.ENV_UNRESPONSIVE_PEER_SECONDS
-#: How often a task waiting in the rendezvous looks again whether its peers have come.
-_RENDEZVOUS_POLL_SECONDS = 0.5
 #: How long a failed collective keeps probing before it gives up naming the dead peer.
 _DIAGNOSE_SECONDS = 3.0
 _PROBE_TIMEOUT_SECONDS = 2.0
