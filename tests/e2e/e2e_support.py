@@ -238,16 +238,24 @@ class Namespace:
         obj = self.pod(pod)
         assert obj is not None, f"pod {pod} does not exist"
         if self.cluster.kind is not None:
-            container = obj.status.container_statuses[0].container_id.split("://", 1)[1]
-            node = obj.spec.node_name
-            pid = _in_node(node, "crictl", "inspect", "--output", "go-template",
-                           "--template", "{{.info.pid}}", container).strip()  # fmt: skip
-            _in_node(node, "kill", "-KILL", pid)
+            self.signal(pod, "KILL")
         else:
             self.cluster.kubectl(
                 "delete", "pod", pod, "-n", self.name, "--grace-period=0", "--force"
             )
         return obj.metadata.uid
+
+    def signal(self, pod: str, name: str) -> None:
+        """Send signal ``name`` (``KILL``, ``STOP``) to the pod's training process from inside
+        its kind node (the container's first process ignores signals sent from inside it)."""
+        assert self.cluster.kind is not None, "signals reach a pod's process on kind only"
+        obj = self.pod(pod)
+        assert obj is not None, f"pod {pod} does not exist"
+        container = obj.status.container_statuses[0].container_id.split("://", 1)[1]
+        node = obj.spec.node_name
+        pid = _in_node(node, "crictl", "inspect", "--output", "go-template",
+                       "--template", "{{.info.pid}}", container).strip()  # fmt: skip
+        _in_node(node, "kill", f"-{name}", pid)
 
 
 def _in_node(node: str, *command: str) -> str:

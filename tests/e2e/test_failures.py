@@ -1,11 +1,13 @@
 """Failures, as the operator must handle them on a real cluster: a ParameterServerStrategy
 worker killed mid-training is replaced alone and the job still succeeds; a
 MultiWorkerMirroredStrategy worker killed mid-training restarts the whole job, which
-resumes from the chief's backup; a job past its deadline fails with the reason."""
+resumes from the chief's backup, and so does one frozen (SIGSTOP), which its peer reports as
+down and exits; a job past its deadline fails with the reason."""
 
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -18,6 +20,7 @@ from e2e.e2e_support import (
     wait_for,
     worker_image,
 )
+from tests.support.kind import report
 
 RESUMED = re.compile(r"restored the backup of epoch (\d+); resuming")
 
@@ -86,6 +89,36 @@ def test_mirrored_worker_killed_restarts_the_job_which_resumes_from_its_backup(
     # below a fresh start's (about 1.7 for the first epoch).
     assert points[0][1] < 0.5, points
     assert "saved checkpoint" in log
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_mirrored_worker_is_named_its_peer_exits_and_the_job_resumes(
+    ns: Namespace, shared_dir: str
+):
+    """SIGSTOP of worker 1 mid-training: worker 0's next all-reduce finds it down (its
+    liveness listener does not answer, about 30 s), worker 0 exits with the error naming
+    task 1, and the operator restarts the job (the frozen pod goes with the others), which
+    resumes from its backup. Before, worker 0 never exited and the job stayed Running."""
+    if ns.cluster.kind is None:
+        pytest.skip("a pod's process can be frozen only on kind (from inside its node)")
+    env = {"worker": {"EPOCHS": "30"}}
+    ns.apply(example("digits_mwms", env=env, checkpoints=shared_dir, keep_pods=True))
+    ns.wait_log("digits-mwms-worker-0", r"epoch 3/30", timeout=150)
+    frozen = time.monotonic()
+    ns.signal("digits-mwms-worker-1", "STOP")
+
+    def restarted() -> list[str]:
+        return [m for r, m in events(ns, "digits-mwms") if r == "JobRestarting"]
+
+    (message,) = wait_for("the job restarting", restarted, timeout=120, interval=0.5)
+    took = time.monotonic() - frozen
+    report(f"frozen MWMS worker on kind: job restarting {took:.0f} s after SIGSTOP: {message}")
+    assert "worker-0 exited with code 1" in message, message
+    assert "/job:worker/replica:0/task:1 is down" in message, message
+    assert took < 90, took
+    job = ns.wait_job("digits-mwms", "Succeeded", timeout=240 - took)
+    assert job["status"]["restartCount"] == 1
+    assert RESUMED.search(ns.logs("digits-mwms-worker-0")), ns.logs("digits-mwms-worker-0")
 
 
 @pytest.mark.timeout(120)
