@@ -409,6 +409,40 @@ def test_replica_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     assert "strategyjob:   stopped: chief-0" in result.stdout.splitlines()
 
 
+def test_a_stopped_replica_gets_its_sigterm_at_once_not_after_the_grace_period(tmp_path):
+    """A frozen (SIGSTOP) replica is continued after its SIGTERM, so it handles it (here:
+    exits 143 at once) instead of sitting out the grace period until the SIGKILL."""
+    manifest = write_job(
+        tmp_path,
+        {
+            "chief": (
+                1,
+                """
+                import os, signal, sys
+                signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+                open("ready", "w").close()
+                os.kill(os.getpid(), signal.SIGSTOP)
+                """,
+            ),
+            "worker": (
+                1,
+                """
+                import os, sys, time
+                while not os.path.exists("ready"):
+                    time.sleep(0.02)
+                time.sleep(0.2)  # the chief has stopped itself
+                sys.exit(4)
+                """,
+            ),
+        },
+    )
+    started = time.monotonic()
+    result = run_cli(manifest, "--grace-period", "30")
+    assert time.monotonic() - started < 15, result.stdout
+    assert result.returncode == 1
+    assert "strategyjob:   stopped: chief-0" in result.stdout.splitlines(), result.stdout
+
+
 def test_success_stops_the_ps_and_evaluator(tmp_path):
     manifest = write_job(
         tmp_path,

@@ -178,9 +178,11 @@ class LocalProcessSupervisor(ProcessSupervisor):
         # SIGTERM to the replica's own process only, as a container runtime sends it to the
         # container's first process: a training script's helpers (DataLoader workers, which
         # keep SIGTERM's default action) must live on while it saves a checkpoint in the
-        # grace period. The whole group gets SIGKILL below.
+        # grace period. The whole group gets SIGKILL below. SIGCONT after it: a stopped
+        # (frozen) replica would otherwise sit on its SIGTERM for the whole grace period.
         for replica in stopping:
             _signal_process(replica, signal.SIGTERM)
+            _signal_process(replica, signal.SIGCONT)
         deadline = time.monotonic() + grace
         for replica in stopping:
             replica.done.wait(max(0.0, deadline - time.monotonic()))
