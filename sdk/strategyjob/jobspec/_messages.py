@@ -100,10 +100,7 @@ MISSING_CONTAINERS = (
     "spec.replicaSpecs.{replica_type}.template.spec.containers: the pod template has no "
     "container (got {value}). Add a container named strategyjob with its image and command."
 )
-BAD_CONTAINER = (
-    "spec.replicaSpecs.{replica_type}.template.spec.containers[{index}]: a container needs a "
-    "name (got {value}). Add name: strategyjob."
-)
+BAD_CONTAINER = "{path}: a container needs a name (got {value}). Add name: strategyjob."
 
 # --- pod template containers and metadata ------------------------------------------------------
 NOT_A_LIST = "{path}: must be a list (got {value}). Write one `- ` entry per item, e.g. {example}."
