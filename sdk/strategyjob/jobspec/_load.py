@@ -25,6 +25,7 @@ from strategyjob.jobspec._k8s_fields import (
     POD_SPEC_FIELDS,
     POD_TEMPLATE_FIELDS,
 )
+from strategyjob.jobspec._labels import label_problem
 from strategyjob.jobspec._model import (
     API_VERSION,
     CLEAN_POD_POLICIES,
@@ -272,6 +273,10 @@ def _load(obj: Any, check: _Checker, *, topology: bool) -> StrategyJob:
     metadata = check.mapping("metadata", obj.get("metadata"), None)
     name = _read_name(check, metadata)
     labels = check.string_map("metadata.labels", metadata.get("labels"))
+    for key, value in labels.items():
+        reason = label_problem(key, value)
+        if reason is not None:
+            check.add(msg.INVALID_LABEL, {key: value}, path="metadata.labels", reason=reason)
     annotations = check.string_map("metadata.annotations", metadata.get("annotations"))
     namespace = metadata.get("namespace") or DEFAULT_NAMESPACE
     if not isinstance(namespace, str) or not _DNS_1123_LABEL.match(namespace):

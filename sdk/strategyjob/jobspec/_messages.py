@@ -74,6 +74,10 @@ NOT_ONE_OF = "{path}: unknown value (got {value}). Use one of: {allowed}."
 TOO_MANY_ITEMS = (
     "{path}: too many entries, at most {maximum} (got {value}). Use at most {maximum} entries."
 )
+INVALID_LABEL = (
+    "{path}: not a label the API server admits: {reason} (got {value}). Fix or remove it, "
+    "e.g. app: mnist."
+)
 STRING_TOO_LONG = (
     "{path}: too long, {length} characters, more than {maximum} (got {value}). "
     "Use a name of at most {maximum} characters."

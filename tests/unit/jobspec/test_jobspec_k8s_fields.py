@@ -97,3 +97,29 @@ def test_env_beyond_the_crd_bounds_is_refused(field, maximum):
         f"spec.replicaSpecs.worker.template.spec.containers[0].{field}: too many entries, at most "
         f"{maximum} (got {maximum + 1}). Use at most {maximum} entries."
     ]
+
+
+@pytest.mark.parametrize(
+    ("labels", "refused"),
+    [
+        ({"app": ":"}, True),
+        ({"app": "x" * 64}, True),
+        ({"-app": "a"}, True),
+        ({"Example.com/app": "a"}, True),
+        ({"/app": "a"}, True),
+        ({"app": ""}, False),
+        ({"example.com/app_1": "A.b-c"}, False),
+        ({"a" * 63: "b" * 63}, False),
+    ],
+)
+def test_a_jobs_own_labels_are_refused_where_the_api_server_refuses_them(labels, refused):
+    """The API server validates a custom object's own labels (fuzz-found: app: ":")."""
+    obj = manifest({"worker": 1})
+    obj["metadata"]["labels"] = labels
+    if not refused:
+        jobspec.load_manifest(obj)
+        return
+    with pytest.raises(jobspec.ManifestError) as info:
+        jobspec.load_manifest(obj)
+    [problem] = info.value.problems
+    assert problem.startswith("metadata.labels: not a label the API server admits: "), problem
