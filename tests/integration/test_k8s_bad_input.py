@@ -83,8 +83,8 @@ def test_a_bad_progress_annotation_never_stops_the_status_updates(kube, operator
 @given(obj=mutated_manifests(json_only=True))
 def test_fuzz_the_loader_and_the_api_server_agree(kube, obj):
     """Whatever the API server admits, the loader reads it back (what the operator does)
-    as a job or as one-line problems, never a traceback; and what the loader accepts, the
-    API server admits."""
+    as a job, or refuses it only for an image the kubelet cannot parse, in one-line
+    problems, never a traceback; and what the loader accepts, the API server admits."""
     try:
         jobspec.load_manifest(copy.deepcopy(obj))
         loader_ok = True
@@ -106,4 +106,10 @@ def test_fuzz_the_loader_and_the_api_server_agree(kube, obj):
         jobspec.load_manifest(stored)
     except jobspec.ManifestError as e:
         assert_one_line_problems(e)
+        # The one refusal that is the loader's alone: an image string the kubelet cannot
+        # parse (the CRD types image as a string; its grammar is beyond CEL's cost budget),
+        # so the job fails at once instead of its pods waiting in InvalidImageName.
+        if all("InvalidImageName" in problem for problem in e.problems):
+            event("admitted, refused by the loader: an image the kubelet cannot parse")
+            return
         raise AssertionError(f"the API server admits what the loader refuses: {e}") from None

@@ -1,10 +1,12 @@
 """The fields Kubernetes defines for the parts of a pod template a manifest holds, so that a
-misspelt one (``comand:``) is named as unknown before a pod runs without it: the CRD keeps a
-pod template's unknown fields, and the API server drops them from the pod it creates.
+misspelt one (``comand:``) is named as unknown before a pod runs without it. The CRDs in
+``crds/`` declare exactly these fields (tests/unit/jobspec/test_jobspec_k8s_fields.py), so
+the API server prunes the same ones (and ``kubectl apply`` refuses them): a job read back
+from it loads.
 
 From ``k8s.io/api`` v0.36.3 ``core/v1/types.go`` (``Container``, ``PodSpec``), the version
 the project's control plane and kind clusters run; a field a newer Kubernetes adds is
-added here.
+added here and in both CRDs (then tools/sync-chart-crds.sh).
 """
 
 from __future__ import annotations

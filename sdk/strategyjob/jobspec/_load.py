@@ -25,6 +25,7 @@ from strategyjob.jobspec._k8s_fields import (
     POD_SPEC_FIELDS,
     POD_TEMPLATE_FIELDS,
 )
+from strategyjob.jobspec._labels import label_problem
 from strategyjob.jobspec._model import (
     API_VERSION,
     CLEAN_POD_POLICIES,
@@ -35,6 +36,9 @@ from strategyjob.jobspec._model import (
     DEFAULT_REPLICAS,
     DEFAULT_RESTART_POLICY,
     KIND,
+    MAX_CONTAINERS,
+    MAX_ENV,
+    MAX_ENV_FROM,
     MAX_INT32,
     MAX_NAME_LENGTH,
     MAX_PROJECTED_SOURCES,
@@ -177,9 +181,7 @@ class _Checker:
     ) -> list[Mapping[str, Any]]:
         """A list of mappings, of at most ``maximum`` entries (the CRD's ``maxItems``): the
         entries that are mappings (a wrong one reported), ``[]`` when absent or wrong."""
-        items = self.sequence(path, value, example)
-        if maximum is not None and len(items) > maximum:
-            self.add(msg.TOO_MANY_ITEMS, len(items), path=path, maximum=maximum)
+        items = self.sequence(path, value, example, maximum)
         out: list[Mapping[str, Any]] = []
         for i, item in enumerate(items):
             if isinstance(item, Mapping):
@@ -207,13 +209,18 @@ class _Checker:
                 out[key] = item
         return out
 
-    def sequence(self, path: str, value: Any, example: str) -> list[Any]:
-        """``value`` as a list (``[]`` when absent or wrong, reported)."""
+    def sequence(
+        self, path: str, value: Any, example: str, maximum: int | None = None
+    ) -> list[Any]:
+        """``value`` as a list (``[]`` when absent or wrong, reported), of at most
+        ``maximum`` entries (the CRD's ``maxItems``)."""
         if value is None:
             return []
         if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
             self.add(msg.NOT_A_LIST, value, path=path, example=example)
             return []
+        if maximum is not None and len(value) > maximum:
+            self.add(msg.TOO_MANY_ITEMS, len(value), path=path, maximum=maximum)
         return list(value)
 
     def one_of(self, path: str, value: Any, allowed: Sequence[str], default: str) -> str:
@@ -267,6 +274,10 @@ def _load(obj: Any, check: _Checker, *, topology: bool) -> StrategyJob:
     metadata = check.mapping("metadata", obj.get("metadata"), None)
     name = _read_name(check, metadata)
     labels = check.string_map("metadata.labels", metadata.get("labels"))
+    for key, value in labels.items():
+        reason = label_problem(key, value)
+        if reason is not None:
+            check.add(msg.INVALID_LABEL, {key: value}, path="metadata.labels", reason=reason)
     annotations = check.string_map("metadata.annotations", metadata.get("annotations"))
     namespace = metadata.get("namespace") or DEFAULT_NAMESPACE
     if not isinstance(namespace, str) or not _DNS_1123_LABEL.match(namespace):
@@ -455,25 +466,26 @@ def _read_template(check: _Checker, replica_type: str, raw: Any) -> dict[str, An
     if not isinstance(containers, Sequence) or isinstance(containers, str) or not containers:
         check.add(msg.MISSING_CONTAINERS, containers, replica_type=replica_type)
     else:
-        for index, container in enumerate(containers):
-            if (
-                not isinstance(container, Mapping)
-                or not isinstance(container.get("name"), str)
-                or not container["name"]
-            ):
-                check.add(msg.BAD_CONTAINER, container, replica_type=replica_type, index=index)
-            else:
-                _read_container(check, f"{path}.spec.containers[{index}]", container)
-    init_containers = pod_spec.get("initContainers")
-    if isinstance(init_containers, Sequence) and not isinstance(init_containers, str | bytes):
-        for index, container in enumerate(init_containers):
-            if isinstance(container, Mapping):
-                where = f"{path}.spec.initContainers[{index}]"
-                check.k8s_fields(
-                    where, container, CONTAINER_FIELDS, "container", "pod.spec.initContainers"
-                )
+        _read_containers(check, f"{path}.spec.containers", containers)
+    _read_containers(check, f"{path}.spec.initContainers", pod_spec.get("initContainers"))
     _read_pod_references(check, f"{path}.spec", pod_spec)
     return copy.deepcopy(plain(template))
+
+
+def _read_containers(check: _Checker, path: str, containers: Any) -> None:
+    """``containers`` or ``initContainers``: the CRD types both alike (named, with the same
+    fields, at most :data:`MAX_CONTAINERS`), so the loader reads both alike."""
+    items = check.sequence(path, containers, "- name: strategyjob", MAX_CONTAINERS)
+    for index, container in enumerate(items):
+        if (
+            not isinstance(container, Mapping)
+            or not isinstance(container.get("name"), str)
+            or not container["name"]
+        ):
+            check.add(msg.BAD_CONTAINER, container, path=f"{path}[{index}]")
+        else:
+            explain = f"pod.spec.{path.rpartition('.')[2]}"  # kubectl explain's path
+            _read_container(check, f"{path}[{index}]", container, explain)
 
 
 def _read_pod_references(check: _Checker, path: str, pod_spec: Mapping[str, Any]) -> None:
@@ -505,12 +517,12 @@ def _read_secret_ref(check: _Checker, path: str, value: Any) -> None:
     check.name(f"{path}.name", ref.get("name"), "my-secret")
 
 
-def _read_container(check: _Checker, path: str, container: Mapping[str, Any]) -> None:
+def _read_container(check: _Checker, path: str, container: Mapping[str, Any], explain: str) -> None:
     """The container fields the operator and ``strategyjob run`` read or extend: command
     and args (lists of strings, never one string split into characters), env and ports
     (lists of mappings), so that a pod built from the template is one the API server takes;
     no field a Kubernetes container lacks (``comand:``), and an image the kubelet can parse."""
-    check.k8s_fields(path, container, CONTAINER_FIELDS, "container", "pod.spec.containers")
+    check.k8s_fields(path, container, CONTAINER_FIELDS, "container", explain)
     image = check.string(f"{path}.image", container.get("image"), "python:3.11")
     reason = image_problem(image) if image else None  # none: strategyjob run needs none
     if reason is not None:
@@ -527,7 +539,7 @@ def _read_container(check: _Checker, path: str, container: Mapping[str, Any]) ->
         ):
             check.add(msg.NOT_A_STRING_LIST, parts, path=f"{path}.{field_name}", example=example)
 
-    env = check.sequence(f"{path}.env", container.get("env"), "- name: VAR")
+    env = check.sequence(f"{path}.env", container.get("env"), "- name: VAR", MAX_ENV)
     for i, entry in enumerate(env):
         where = f"{path}.env[{i}]"
         if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
@@ -542,7 +554,9 @@ def _read_container(check: _Checker, path: str, container: Mapping[str, Any]) ->
         value_from = check.mapping(f"{where}.valueFrom", entry.get("valueFrom"), None)
         _read_secret_ref(check, f"{where}.valueFrom.secretKeyRef", value_from.get("secretKeyRef"))
 
-    sources = check.entries(f"{path}.envFrom", container.get("envFrom"), "- secretRef: {name: x}")
+    sources = check.entries(
+        f"{path}.envFrom", container.get("envFrom"), "- secretRef: {name: x}", MAX_ENV_FROM
+    )
     for i, source in enumerate(sources):
         _read_secret_ref(check, f"{path}.envFrom[{i}].secretRef", source.get("secretRef"))
 

@@ -74,6 +74,10 @@ NOT_ONE_OF = "{path}: unknown value (got {value}). Use one of: {allowed}."
 TOO_MANY_ITEMS = (
     "{path}: too many entries, at most {maximum} (got {value}). Use at most {maximum} entries."
 )
+INVALID_LABEL = (
+    "{path}: not a label the API server admits: {reason} (got {value}). Fix or remove it, "
+    "e.g. app: mnist."
+)
 STRING_TOO_LONG = (
     "{path}: too long, {length} characters, more than {maximum} (got {value}). "
     "Use a name of at most {maximum} characters."
@@ -100,10 +104,7 @@ MISSING_CONTAINERS = (
     "spec.replicaSpecs.{replica_type}.template.spec.containers: the pod template has no "
     "container (got {value}). Add a container named strategyjob with its image and command."
 )
-BAD_CONTAINER = (
-    "spec.replicaSpecs.{replica_type}.template.spec.containers[{index}]: a container needs a "
-    "name (got {value}). Add name: strategyjob."
-)
+BAD_CONTAINER = "{path}: a container needs a name (got {value}). Add name: strategyjob."
 
 # --- pod template containers and metadata ------------------------------------------------------
 NOT_A_LIST = "{path}: must be a list (got {value}). Write one `- ` entry per item, e.g. {example}."

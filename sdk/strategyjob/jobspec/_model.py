@@ -99,6 +99,11 @@ MAX_INT32 = 2**31 - 1
 #: queue or PriorityClass (a DNS subdomain).
 MAX_VOLUMES = 512
 MAX_PROJECTED_SOURCES = 128
+#: Most ``containers`` (and ``initContainers``) of a pod, ``env`` and ``envFrom`` entries of
+#: a container: the same budget, with the token rules on init containers too.
+MAX_CONTAINERS = 256
+MAX_ENV = 1024
+MAX_ENV_FROM = 256
 MAX_REFERENCE_LENGTH = 253
 #: Container port protocols Kubernetes accepts.
 PORT_PROTOCOLS: tuple[str, ...] = ("TCP", "UDP", "SCTP")

@@ -619,7 +619,9 @@ def test_template_errors(make_manifest):
     assert problems_of(obj) == [
         msg.MISSING_TEMPLATE.format(replica_type="chief", value="null"),
         msg.MISSING_CONTAINERS.format(replica_type="worker", value="[]"),
-        msg.BAD_CONTAINER.format(replica_type="ps", index=0, value='{"image": "x"}'),
+        msg.BAD_CONTAINER.format(
+            path="spec.replicaSpecs.ps.template.spec.containers[0]", value='{"image": "x"}'
+        ),
     ]
 
 

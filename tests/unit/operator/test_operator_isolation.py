@@ -346,7 +346,6 @@ def test_security_fields_of_the_wrong_shape_are_left_for_the_api_server_to_name(
     spec = build(
         {
             "securityContext": "root",
-            "initContainers": 3,
             "containers": [container(securityContext={"capabilities": ["ALL"]})],
         }
     )["spec"]
