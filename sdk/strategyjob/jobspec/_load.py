@@ -593,40 +593,21 @@ def _read_run_policy(check: _Checker, raw: Any) -> RunPolicy:
         minimum=0,
         maximum=MAX_INT32,
     )
+
+    def seconds(field: str, minimum: int, example: int) -> int | None:
+        """An optional number of seconds of ``runPolicy`` (unset: None)."""
+        value = fields.get(field)
+        where = f"{path}.{field}"
+        return check.integer(
+            where, value, None, minimum=minimum, maximum=MAX_INT32, example=example
+        )
+
     return RunPolicy(
         backoff_limit=backoff_limit if backoff_limit is not None else DEFAULT_BACKOFF_LIMIT,
-        active_deadline_seconds=check.integer(
-            f"{path}.activeDeadlineSeconds",
-            fields.get("activeDeadlineSeconds"),
-            None,
-            minimum=1,
-            maximum=MAX_INT32,
-            example=3600,
-        ),
-        pending_timeout_seconds=check.integer(
-            f"{path}.pendingTimeoutSeconds",
-            fields.get("pendingTimeoutSeconds"),
-            None,
-            minimum=1,
-            maximum=MAX_INT32,
-            example=600,
-        ),
-        rendezvous_timeout_seconds=check.integer(
-            f"{path}.rendezvousTimeoutSeconds",
-            fields.get("rendezvousTimeoutSeconds"),
-            None,
-            minimum=1,
-            maximum=MAX_INT32,
-            example=600,
-        ),
-        ttl_seconds_after_finished=check.integer(
-            f"{path}.ttlSecondsAfterFinished",
-            fields.get("ttlSecondsAfterFinished"),
-            None,
-            minimum=0,
-            maximum=MAX_INT32,
-            example=600,
-        ),
+        active_deadline_seconds=seconds("activeDeadlineSeconds", 1, 3600),
+        pending_timeout_seconds=seconds("pendingTimeoutSeconds", 1, 600),
+        rendezvous_timeout_seconds=seconds("rendezvousTimeoutSeconds", 1, 600),
+        ttl_seconds_after_finished=seconds("ttlSecondsAfterFinished", 0, 600),
         clean_pod_policy=check.one_of(
             f"{path}.cleanPodPolicy",
             fields.get("cleanPodPolicy"),
