@@ -35,7 +35,7 @@ def image_problem(image: str) -> str | None:
     if image != image.strip():
         # The API server's own check, before any kubelet sees it.
         return "must not have leading or trailing whitespace"
-    if _IDENTIFIER.match(image):
+    if _IDENTIFIER.fullmatch(image):
         return f"invalid repository name ({image}), cannot specify 64-byte hexadecimal strings"
     domain, remainder = _split_domain(image)
     remote = remainder.partition(":")[0]
@@ -56,12 +56,12 @@ def _split_domain(name: str) -> tuple[str, str]:
 
 
 def _parse(reference: str) -> str | None:
-    match = _REFERENCE.match(reference)
+    match = _REFERENCE.fullmatch(reference)
     if match is None:
-        if _REFERENCE.match(reference.lower()):
+        if _REFERENCE.fullmatch(reference.lower()):
             return "repository name must be lowercase"
         return "invalid reference format"
-    name = _NAME.match(match.group(1))
+    name = _NAME.fullmatch(match.group(1))
     path = name.group(2) if name else match.group(1)
     if len(path) > MAX_REPOSITORY_LENGTH:
         return f"repository name must not be more than {MAX_REPOSITORY_LENGTH} characters"

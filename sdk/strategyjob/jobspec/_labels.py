@@ -22,11 +22,11 @@ _MAX_PREFIX = 253
 def label_problem(key: str, value: str) -> str | None:
     """Why the API server refuses the label ``key: value``, or None when it admits it."""
     prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > _MAX_PREFIX or not _DNS_SUBDOMAIN.match(prefix)):
+    if slash and (not prefix or len(prefix) > _MAX_PREFIX or not _DNS_SUBDOMAIN.fullmatch(prefix)):
         return "the key's prefix must be a lowercase DNS subdomain of at most 253 characters"
-    if not name or len(name) > _MAX_NAME or not _NAME.match(name):
+    if not name or len(name) > _MAX_NAME or not _NAME.fullmatch(name):
         return f"the key's name {_NAME_TEXT}, at most {_MAX_NAME} characters"
-    if value and (len(value) > _MAX_NAME or not _NAME.match(value)):
+    if value and (len(value) > _MAX_NAME or not _NAME.fullmatch(value)):
         return (
             f"a valid label must be an empty string or {_NAME_TEXT}, at most {_MAX_NAME} characters"
         )

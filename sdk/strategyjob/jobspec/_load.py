@@ -85,7 +85,7 @@ def _key(key: Any) -> str:
     """A mapping key as a path segment: as written when plain, else quoted, so a path
     stays one short line whatever the key holds (newlines, long text)."""
     text = str(key)
-    return text if _PLAIN_KEY.match(text) else msg.format_value(text)
+    return text if _PLAIN_KEY.fullmatch(text) else msg.format_value(text)
 
 
 class _Checker:
@@ -280,7 +280,7 @@ def _load(obj: Any, check: _Checker, *, topology: bool) -> StrategyJob:
             check.add(msg.INVALID_LABEL, {key: value}, path="metadata.labels", reason=reason)
     annotations = check.string_map("metadata.annotations", metadata.get("annotations"))
     namespace = metadata.get("namespace") or DEFAULT_NAMESPACE
-    if not isinstance(namespace, str) or not _DNS_1123_LABEL.match(namespace):
+    if not isinstance(namespace, str) or not _DNS_1123_LABEL.fullmatch(namespace):
         check.add(msg.BAD_NAMESPACE, namespace)
 
     if obj.get("spec") is None:
@@ -387,7 +387,7 @@ def _read_name(check: _Checker, metadata: Mapping[str, Any]) -> str | None:
     if not name:
         check.add(msg.MISSING_NAME, name)
         return None
-    if not isinstance(name, str) or not _DNS_1035_LABEL.match(name):
+    if not isinstance(name, str) or not _DNS_1035_LABEL.fullmatch(name):
         check.add(msg.BAD_NAME, name)
         return None
     return name

@@ -107,6 +107,8 @@ def test_env_beyond_the_crd_bounds_is_refused(field, maximum):
         ({"-app": "a"}, True),
         ({"Example.com/app": "a"}, True),
         ({"/app": "a"}, True),
+        ({"app": "a\n"}, True),  # a regex's $ would let a trailing newline through
+        ({"app\n": "a"}, True),
         ({"app": ""}, False),
         ({"example.com/app_1": "A.b-c"}, False),
         ({"a" * 63: "b" * 63}, False),
