@@ -145,7 +145,7 @@ def test_server_listens_on_its_own_address_unless_told(server_process):
         ('{"cluster": {"ps": ["nohostport"]}, "task": {"type": "ps", "index": 0}}', "host:port"),
         ('{"cluster": {"ps": ["127.0.0.1:x"]}, "task": {"type": "ps", "index": 0}}', "host:port"),
         ('{"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": 3}}', "index 3"),
-        ('{"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": "a"}}', "'a'"),
+        ('{"cluster": {"ps": ["127.0.0.1:1"]}, "task": {"type": "ps", "index": "a"}}', '(got "a")'),
         ('{"cluster": {"ps": ["192.0.2.1:2222"]}, "task": {"type": "ps", "index": 0}}', "--bind"),
         ("{}", "TF_CONFIG must name the cluster and this task"),
     ],
