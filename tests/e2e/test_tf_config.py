@@ -15,9 +15,10 @@ pytestmark = pytest.mark.timeout(150)
 
 #: Run in every pod: listen on its own TF_CONFIG port, answer each connection with its task
 #: name, connect to every address of TF_CONFIG (retrying while peers start) and print what
-#: answered, then wait until every task has connected to it too.
+#: answered, then wait until every task has connected to it too; the ps and workers then serve
+#: on until the job stops them, as a ParameterServerStrategy's do (their exit would fail it).
 PROBE = r"""
-import json, os, socket, threading, time
+import json, os, signal, socket, threading, time
 raw = os.environ["TF_CONFIG"]
 config = json.loads(raw)
 task = config["task"]
@@ -53,6 +54,9 @@ report = {"task": me, "tf_config": raw, "hostname": socket.gethostname(), "maste
 print("PROBE " + json.dumps(report), flush=True)
 while len(served) < len(addresses) and time.time() < deadline:
     time.sleep(0.1)
+if task["type"] != "chief":  # a ps or worker of ParameterServerStrategy serves until stopped
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    threading.Event().wait()
 """
 
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
