@@ -204,10 +204,10 @@ def decide_failures(
     return draft.plan(action, delete_pods=doomed, requeue_after=requeue)
 
 
-#: Replica types whose failure never fails the job: the evaluator, outside training (a
-#: TFJob with ``enableDynamicWorker`` adds its workers, as training-operator ignores their
-#: failures).
-OPTIONAL_TYPES: tuple[str, ...] = ("evaluator",)
+#: Replica types whose failure never fails the job (:data:`jobspec.OPTIONAL_REPLICA_TYPES`,
+#: shared with ``strategyjob run``; a TFJob with ``enableDynamicWorker`` adds its workers, as
+#: training-operator ignores their failures).
+OPTIONAL_TYPES: tuple[str, ...] = jobspec.OPTIONAL_REPLICA_TYPES
 
 
 def decide_evaluators(

@@ -13,12 +13,15 @@ import signal
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-from strategyjob.jobspec import StrategyJob, early_exit, serves_until_stopped, success_replicas
+from strategyjob.jobspec import (
+    OPTIONAL_REPLICA_TYPES,
+    StrategyJob,
+    early_exit,
+    serves_until_stopped,
+    success_replicas,
+)
 
 ReplicaKey = tuple[str, int]
-#: Replica types whose failure never fails the job nor uses its ``backoffLimit``: the
-#: evaluator, outside training (as the operator: restarted alone, then only reported).
-OPTIONAL_TYPES = ("evaluator",)
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def decide(
       restarts were made, the job restarts: under ParameterServerStrategy failed
       workers restart alone; every other strategy is collective, so the whole job
       restarts. Otherwise the job fails, first failure first.
-    * An evaluator's failure never fails the job (:data:`OPTIONAL_TYPES`): it restarts
+    * An evaluator's failure never fails the job (``OPTIONAL_REPLICA_TYPES``): it restarts
       alone while its policy retries it and ``optional_restarts`` (its restarts so far) is
       under ``backoffLimit``, else it is given up (the caller passes it in ``given_up``
       from then on) and the job goes on without it.
@@ -167,8 +170,8 @@ def decide(
             )
         )
     )
-    optional = tuple(f for f in failures if f.key[0] in OPTIONAL_TYPES)
-    failures = tuple(f for f in failures if f.key[0] not in OPTIONAL_TYPES)
+    optional = tuple(f for f in failures if f.key[0] in OPTIONAL_REPLICA_TYPES)
+    failures = tuple(f for f in failures if f.key[0] not in OPTIONAL_REPLICA_TYPES)
     if failures:
         first = failures[0].describe()
         retryable = all(f.retryable(job.replica_specs[f.key[0]].restart_policy) for f in failures)
