@@ -39,6 +39,7 @@ import torch
 from strategyjob import _nest
 from strategyjob.keras._preemption import PreemptionWatch
 from strategyjob.keras._sync_on_read import sums_over_workers
+from strategyjob.train._storage import atomic_write
 
 __all__ = ["DistributedBackup", "EpochOrder", "FitState", "distributed"]
 
@@ -248,7 +249,8 @@ class DistributedBackup(keras.callbacks.Callback):
                 "metrics": metrics,
             }
             record = {"epoch": epoch, "batch": max(done - 1, 0), "strategyjob": position}
-            _write_atomically(metadata, json.dumps(record))
+            text = json.dumps(record).encode()
+            atomic_write(metadata, lambda f: f.write(text))
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._chief and self._backup.delete_checkpoint:
@@ -268,15 +270,6 @@ def _read_position(backup_dir: str) -> dict[str, Any] | None:
     with open(path) as f:
         position = json.load(f).get("strategyjob")
     return position if isinstance(position, dict) else None
-
-
-def _write_atomically(path: str, text: str) -> None:
-    partial = f"{path}.partial"
-    with open(partial, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
 
 
 def distributed(callbacks: Sequence[Any], state: FitState, strategy: Any) -> list[Any]:
