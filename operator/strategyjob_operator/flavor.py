@@ -67,12 +67,15 @@ class Loaded:
         return self.tfjob is None or self.tfjob.served
 
 
-def _load_strategyjob(obj: Mapping[str, Any]) -> Loaded:
+def _load_strategyjob(obj: Mapping[str, Any], cluster_domain: str) -> Loaded:
+    # A StrategyJob's addresses are its pods' (``<pod>.<job>.<namespace>.svc``): the
+    # resolver's search list completes them, so the cluster domain is TFJob's alone.
+    del cluster_domain
     return Loaded(jobspec.load_manifest(obj))
 
 
-def _load_tfjob(obj: Mapping[str, Any]) -> Loaded:
-    tfjob = jobspec.load_tfjob(obj)
+def _load_tfjob(obj: Mapping[str, Any], cluster_domain: str) -> Loaded:
+    tfjob = jobspec.load_tfjob(obj, cluster_domain=cluster_domain)
     return Loaded(tfjob.job, tfjob)
 
 
@@ -84,7 +87,9 @@ class Flavor:
     group: str
     version: str
     plural: str
-    load: Callable[[Mapping[str, Any]], Loaded]
+    #: Reads a job from the API server; the second argument is the operator's
+    #: ``CUSTOM_CLUSTER_DOMAIN`` (``""`` when unset).
+    load: Callable[[Mapping[str, Any], str], Loaded]
 
     @property
     def api_version(self) -> str:

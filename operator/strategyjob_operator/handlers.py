@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
 from strategyjob_operator import gang, metrics, quota
@@ -181,6 +182,16 @@ def _flag(variable: str, value: str) -> bool:
     raise ValueError(f"{variable}={value!r} is not true or false: set it to true or false.")
 
 
+def _cluster_domain(value: str) -> str:
+    """``CUSTOM_CLUSTER_DOMAIN``: what a served TFJob's ``TF_CONFIG`` addresses end with."""
+    if value and not jobspec.is_dns_subdomain(value):
+        raise ValueError(
+            f"{c.ENV_CUSTOM_CLUSTER_DOMAIN}={value!r} is not a lowercase DNS domain: set it "
+            "to the cluster's domain without dots around it, e.g. cluster.local, or unset it."
+        )
+    return value
+
+
 def serve_tfjobs_setting() -> bool:
     """``STRATEGYJOB_SERVE_TFJOBS``: whether the operator serves Kubeflow TFJobs too."""
     return _flag(ENV_SERVE_TFJOBS, os.environ.get(ENV_SERVE_TFJOBS, ""))
@@ -190,6 +201,7 @@ def settings_from_env() -> OperatorSettings:
     port = os.environ.get(c.ENV_METRICS_PORT, "8080")
     return OperatorSettings(
         serve_tfjobs=serve_tfjobs_setting(),
+        cluster_domain=_cluster_domain(os.environ.get(c.ENV_CUSTOM_CLUSTER_DOMAIN, "")),
         max_in_flight=int(os.environ.get(c.ENV_MAX_IN_FLIGHT, "50")),
         metrics_port=int(port) if port and port != "0" else None,
         gang_scheduler=gang.gang_scheduler(os.environ.get(c.ENV_GANG_SCHEDULER)),

@@ -233,6 +233,10 @@ class OperatorSettings:
     serve_tfjobs: bool = False
     """Whether the operator serves Kubeflow ``kubeflow.org/v1`` TFJobs too
     (``STRATEGYJOB_SERVE_TFJOBS``; the chart's ``tfjob.enabled``)."""
+    cluster_domain: str = ""
+    """What a served TFJob's ``TF_CONFIG`` addresses end with, after ``.svc``
+    (``CUSTOM_CLUSTER_DOMAIN``, as under training-operator; the chart's
+    ``tfjob.clusterDomain``). Empty: none."""
 
 
 class Reconciler:
@@ -309,7 +313,7 @@ class Reconciler:
         now = self.clock()
         written = job_obj.get("status") or {}
         try:
-            loaded = self.flavor.load(job_obj)
+            loaded = self.flavor.load(job_obj, self.settings.cluster_domain)
         except jobspec.ManifestError as e:
             await self._invalid(job_obj, written, str(e), now)
             return None  # failed for good: nothing to requeue

@@ -608,3 +608,14 @@ def test_tfjob_enabled_adds_exactly_its_calls_to_the_rbac(
 def test_tfjob_schema_rejects_a_wrong_type_naming_the_field(helm: Helm) -> None:
     proc = helm.run("template", "sjob", str(CHART), "--set", "tfjob.enabled=yes", check=False)
     assert proc.returncode != 0 and "/tfjob/enabled" in proc.stderr, proc.stderr
+
+
+def test_tfjob_cluster_domain_is_training_operators_setting(helm: Helm) -> None:
+    """``tfjob.clusterDomain`` reaches the operator as training-operator's own variable; unset,
+    none is set; a value no address could end with is refused at install, naming the field."""
+    assert "CUSTOM_CLUSTER_DOMAIN" not in env_of(helm.render(*TFJOB))
+    docs = helm.render(*TFJOB, "--set", "tfjob.clusterDomain=cluster.local")
+    assert env_of(docs)["CUSTOM_CLUSTER_DOMAIN"] == "cluster.local"
+    args = ("template", "sjob", str(CHART), *TFJOB, "--set", "tfjob.clusterDomain=.Cluster")
+    proc = helm.run(*args, check=False)
+    assert proc.returncode != 0 and "/tfjob/clusterDomain" in proc.stderr, proc.stderr

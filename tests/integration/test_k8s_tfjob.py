@@ -17,11 +17,14 @@ from tests.support.control_plane import ControlPlane
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "tfjobs"
 #: The namespaces of this module (conftest's ``tf_kube``): only its operator watches them.
 PREFIX = "tf-"
+#: The operator's ``CUSTOM_CLUSTER_DOMAIN``, as a platform team moving from training-operator
+#: keeps it: every ``TF_CONFIG`` address ends with it.
+DOMAIN = "cluster.local"
 
 
 @pytest.fixture(scope="module")
 def tf_operator(control_plane: ControlPlane) -> Iterator[OperatorProcess]:
-    env = {"STRATEGYJOB_SERVE_TFJOBS": "true"}
+    env = {"STRATEGYJOB_SERVE_TFJOBS": "true", "CUSTOM_CLUSTER_DOMAIN": DOMAIN}
     op = OperatorProcess(control_plane, "--standalone", "-n", f"{PREFIX}*", env=env).start()
     try:
         yield op
@@ -81,7 +84,7 @@ def test_kubeflow_examples_get_training_operators_pods_services_and_tf_config(
     tf: Kube, file: str
 ) -> None:
     manifest = kubeflow_tfjobs.load(file, tf.ns)
-    expected = jobspec.load_tfjob(manifest)
+    expected = jobspec.load_tfjob(manifest, cluster_domain=DOMAIN)
     name = expected.name
     uid = create(tf, manifest)["metadata"]["uid"]
     replicas = expected.job.replicas()
@@ -124,6 +127,7 @@ def test_kubeflow_examples_get_training_operators_pods_services_and_tf_config(
         ]
         env = tf.container_env(pod, at)  # as the kubelet gives it to the container
         assert env["TF_CONFIG"] == jobspec.tfjob_tf_config(expected, replica_type, index)
+        assert f'"{pod_name}.{tf.ns}.svc.{DOMAIN}:2222"' in env["TF_CONFIG"]
         assert env["TF_CONFIG"].endswith(
             f'"task":{{"type":"{tf_type}","index":{index}}},"environment":"cloud"}}'
         )
@@ -242,12 +246,12 @@ def test_dynamic_worker_gets_its_sparse_tf_config_and_its_failure_does_not_fail_
     tf: Kube,
 ) -> None:
     manifest = two_types("dyn", tf.ns, enableDynamicWorker=True)
-    expected = jobspec.load_tfjob(manifest)
+    expected = jobspec.load_tfjob(manifest, cluster_domain=DOMAIN)
     create(tf, manifest)
     pods = wait_tf_pods(tf, "dyn", 3)
     env = tf.container_env(pods["dyn-worker-1"])
     assert env["TF_CONFIG"] == (
-        '{"cluster":{"worker":{"1":"dyn-worker-1.' + tf.ns + '.svc:2222"},"ps":null},'
+        '{"cluster":{"worker":{"1":"dyn-worker-1.' + tf.ns + '.svc.cluster.local:2222"},"ps":null},'
         '"task":{"type":"worker","index":1}}'
     )
     assert tf.container_env(pods["dyn-chief-0"])["TF_CONFIG"] == jobspec.tfjob_tf_config(
@@ -283,7 +287,7 @@ def test_replicas_edits_scale_the_tfjob(tf: Kube) -> None:
     patch(tf, "grow", {"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 3}}}})
     pods = wait_tf_pods(tf, "grow", 4)
     assert {n: p["metadata"]["uid"] for n, p in pods.items() if n in before} == before
-    bigger = jobspec.load_tfjob(tfjob(tf, "grow"))
+    bigger = jobspec.load_tfjob(tfjob(tf, "grow"), cluster_domain=DOMAIN)
     env = tf.container_env(pods["grow-worker-2"])
     assert env["TF_CONFIG"] == jobspec.tfjob_tf_config(bigger, "worker", 2)
     assert "grow-worker-2" in env["TF_CONFIG"]

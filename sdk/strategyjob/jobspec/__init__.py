@@ -55,6 +55,7 @@ from strategyjob.jobspec._env import (
     training_container,
     training_container_index,
 )
+from strategyjob.jobspec._labels import is_dns_subdomain
 from strategyjob.jobspec._load import (
     load_manifest,
     load_manifest_file,
@@ -205,6 +206,7 @@ __all__ = [
     "early_exit",
     "format_value",
     "infer_strategy",
+    "is_dns_subdomain",
     "is_tfjob",
     "kubernetes_literal",
     "leader",

@@ -19,10 +19,16 @@ _MAX_NAME = 63
 _MAX_PREFIX = 253
 
 
+def is_dns_subdomain(text: str) -> bool:
+    """Whether ``text`` is a lowercase DNS subdomain (RFC 1123) of at most 253 characters,
+    as a label key's prefix or a cluster domain must be."""
+    return len(text) <= _MAX_PREFIX and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
 def label_problem(key: str, value: str) -> str | None:
     """Why the API server refuses the label ``key: value``, or None when it admits it."""
     prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > _MAX_PREFIX or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+    if slash and not is_dns_subdomain(prefix):
         return "the key's prefix must be a lowercase DNS subdomain of at most 253 characters"
     if not name or len(name) > _MAX_NAME or not _NAME.fullmatch(name):
         return f"the key's name {_NAME_TEXT}, at most {_MAX_NAME} characters"

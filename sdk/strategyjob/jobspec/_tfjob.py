@@ -52,10 +52,11 @@ def infer_strategy(replicas: Mapping[str, int]) -> str:
     return "MirroredStrategy"
 
 
-def load_tfjob(obj: Any) -> TFJob:
+def load_tfjob(obj: Any, *, cluster_domain: str = "") -> TFJob:
     """Parse and validate a TFJob v1 manifest (a YAML document's dict or an API object) as
     training-operator v1.9.4 defaults and validates it. Raises :class:`ManifestError`
-    listing every problem, each naming the TFJob's field."""
+    listing every problem, each naming the TFJob's field. ``cluster_domain``: the serving
+    operator's ``CUSTOM_CLUSTER_DOMAIN``, which its ``TF_CONFIG`` addresses end with."""
     problems: list[str] = []
 
     def add(template: str, value: Any = None, **fields: Any) -> None:
@@ -128,6 +129,7 @@ def load_tfjob(obj: Any) -> TFJob:
         replicas={t: replicas[t] for t in job.replica_specs},
         enable_dynamic_worker=enable_dynamic_worker,
         uid=uid if isinstance(uid, str) else None,
+        cluster_domain=cluster_domain,
         **extras,
     )
 

@@ -75,6 +75,9 @@ class TFJob:
     backoff_limit: int | None = None
     #: The manifest's ``metadata.uid`` (a TFJob read from the API server), else None.
     uid: str | None = None
+    #: The operator's ``CUSTOM_CLUSTER_DOMAIN`` (e.g. ``cluster.local``), appended to each
+    #: address in ``TF_CONFIG`` as training-operator does; empty: ``...svc`` alone.
+    cluster_domain: str = ""
 
     @property
     def name(self) -> str:
@@ -107,9 +110,11 @@ class TFJob:
         return self.job.pod_name(replica_type, index)
 
     def address(self, replica_type: str, index: int) -> str:
-        """``<job>-<type>-<i>.<namespace>.svc:<port>``: the replica's Service, as
-        training-operator writes it into ``TF_CONFIG``."""
+        """``<job>-<type>-<i>.<namespace>.svc[.<cluster domain>]:<port>``: the replica's
+        Service, as training-operator writes it into ``TF_CONFIG``."""
         host = f"{self.pod_name(replica_type, index)}.{self.job.namespace}.svc"
+        if self.cluster_domain:
+            host += f".{self.cluster_domain}"
         return f"{host}:{self.port(replica_type)}"
 
     def cluster(self) -> dict[str, list[str]]:

@@ -54,6 +54,35 @@ def test_dense_tf_config_lists_every_type_sorted_with_environment_cloud() -> Non
     )
 
 
+def test_the_operators_cluster_domain_ends_every_address() -> None:
+    """training-operator's ``CUSTOM_CLUSTER_DOMAIN``: ``<pod>.<namespace>.svc.<domain>``, in
+    the dense and the sparse ``TF_CONFIG`` and in the rendezvous address alike."""
+    spec = {"Chief": tf_replica(), "Worker": tf_replica(2, 2223)}
+    obj = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "job", "namespace": "ns"},
+        "spec": {"tfReplicaSpecs": spec},
+    }
+    tf = load_tfjob(obj, cluster_domain="corp.example")
+    assert json.loads(tfjob_tf_config(tf, "worker", 1) or "")["cluster"] == {
+        "chief": ["job-chief-0.ns.svc.corp.example:2222"],
+        "worker": [
+            "job-worker-0.ns.svc.corp.example:2223",
+            "job-worker-1.ns.svc.corp.example:2223",
+        ],
+    }
+    assert tfjob_replica_env(tf, "worker", 1)["MASTER_ADDR"] == "job-chief-0.ns.svc.corp.example"
+    sparse = load_tfjob(
+        {**obj, "spec": {**obj["spec"], "enableDynamicWorker": True}}, cluster_domain="corp.example"
+    )
+    assert '"1":"job-worker-1.ns.svc.corp.example:2223"' in (
+        tfjob_tf_config(sparse, "worker", 1) or ""
+    )
+    # without one, the addresses end with .svc (the pods' DNS search list completes them)
+    assert "job-chief-0.ns.svc:2222" in (tfjob_tf_config(load_tfjob(obj), "worker", 1) or "")
+
+
 def test_one_replica_job_gets_no_tf_config_but_the_sdk_variables() -> None:
     tf = load(Worker=tf_replica())
     assert tfjob_tf_config(tf, "worker", 0) is None

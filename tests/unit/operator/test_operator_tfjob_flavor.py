@@ -77,6 +77,36 @@ def test_serve_tfjobs_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         handlers.settings_from_env()
 
 
+def test_cluster_domain_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """training-operator's ``CUSTOM_CLUSTER_DOMAIN``, read as it names it; a value no address
+    could end with stops the operator with one line."""
+    monkeypatch.delenv("CUSTOM_CLUSTER_DOMAIN", raising=False)
+    assert handlers.settings_from_env().cluster_domain == ""
+    monkeypatch.setenv("CUSTOM_CLUSTER_DOMAIN", "cluster.local")
+    assert handlers.settings_from_env().cluster_domain == "cluster.local"
+    for bad in (".cluster.local", "Cluster.Local", "cluster.local.", "a_b"):
+        monkeypatch.setenv("CUSTOM_CLUSTER_DOMAIN", bad)
+        with pytest.raises(ValueError, match=r"CUSTOM_CLUSTER_DOMAIN=.* is not a lowercase DNS"):
+            handlers.settings_from_env()
+    # a StrategyJob's addresses are its pods' own: the domain is a TFJob's alone
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {
+            "tfReplicaSpecs": {
+                "Worker": {
+                    "replicas": 2,
+                    "template": {"spec": {"containers": [{"name": "tensorflow", "image": "tf"}]}},
+                }
+            }
+        },
+    }
+    loaded = TFJOB.load(manifest, "cluster.local")
+    assert loaded.tfjob is not None
+    assert loaded.tfjob.address("worker", 1) == "j-worker-1.ns.svc.cluster.local:2222"
+
+
 def test_pod_group_of_a_tfjob_has_its_min_resources_and_schedule_timeout() -> None:
     from strategyjob_operator import gang
 
