@@ -137,6 +137,15 @@ def build_pod_group(
     }
 
 
+def pod_group_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that gives PodGroup ``current`` the spec fields the operator sets in
+    ``wanted`` (:func:`build_pod_group`), or None when they agree: a TFJob's ``replicas``
+    edit changes ``minMember``, which the scheduler must see before it places the new pods."""
+    spec = current.get("spec") or {}
+    changed = {k: v for k, v in wanted["spec"].items() if spec.get(k) != v}
+    return {"spec": changed} if changed else None
+
+
 def join_gang(pod: dict[str, Any], job: jobspec.StrategyJob, scheduler: GangScheduler) -> None:
     """Point ``pod`` at the scheduler (unless its template names one) and at its group."""
     spec = pod["spec"]

@@ -458,12 +458,18 @@ class Reconciler:
         pods: Sequence[Mapping[str, Any]],
         status: Mapping[str, Any],
     ) -> bool:
-        """Carry out a TFJob's ``replicas`` edit (:mod:`.scaling`): delete the pods and
+        """Carry out a TFJob's ``replicas`` edit (:mod:`.scaling`): bring its PodGroup's
+        ``minMember`` to the new count (under a gang scheduler), delete the pods and
         Services at indices it no longer has, create the Services, cluster ConfigMap and
         pods of the indices it gained. True when pods were created (the pass ends: the next
         one decides with them)."""
         job, api, uid = loaded.job, self.api, job_obj["metadata"]["uid"]
         ns = job.namespace
+        scheduler = self.settings.gang_scheduler
+        if scheduler is not None:
+            owner = children.owner_reference(job_obj)
+            group = gang.build_pod_group(job, owner, scheduler, loaded.tfjob)
+            await self._sync_pod_group(scheduler, group)
         selector = f"{flavor.TF_LABEL_JOB_NAME}={job.name}"
         services = await api.list_metadata(api.core_path(ns, "services"), selector)
         doomed = scaling.surplus(job, pods, uid)
@@ -480,6 +486,19 @@ class Reconciler:
         outcome = await self._create_pods(loaded, job_obj, new, status)
         self.metrics.inc("pods_created", ns, outcome.created)
         return True
+
+    async def _sync_pod_group(self, scheduler: gang.GangScheduler, group: dict[str, Any]) -> None:
+        """Patch the job's existing PodGroup where it differs from ``group``, what the job now
+        asks for (:func:`gang.pod_group_patch`): a TFJob's ``replicas`` edit moves its
+        ``minMember``. A missing one is left to :meth:`_create_pod_group`."""
+        meta = group["metadata"]
+        path = self.api.group_path(
+            scheduler.api_version, meta["namespace"], "podgroups", meta["name"]
+        )
+        current = await self.api.get(path)
+        change = gang.pod_group_patch(current, group) if current is not None else None
+        if change is not None:
+            await self.api.merge_patch(path, change)
 
     async def _create_pods(
         self,
@@ -618,7 +637,10 @@ class Reconciler:
             scheduler.api_version, group["metadata"]["namespace"], "podgroups"
         )
         try:
-            return await self._create_child(path, group, uid)
+            created = await self._create_child(path, group, uid)
+            if not created:  # this job's already: a replicas edit may have moved minMember
+                await self._sync_pod_group(scheduler, group)
+            return created
         except ApiError as e:
             if e.status != 404:
                 raise

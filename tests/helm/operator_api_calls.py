@@ -224,11 +224,18 @@ def gang_calls(group: str) -> list[Call]:
                 "create": f"{where}: the job's PodGroup (409: kept if this job owns it); again "
                 "when a suspended job is resumed",
                 "get": f"{where}: on 409, the existing PodGroup's metadata; "
-                "gang.release_pod_group: whose is the PodGroup of a suspended job",
+                "gang.release_pod_group: whose is the PodGroup of a suspended job; "
+                "reconcile.Reconciler._sync_pod_group: its spec on a TFJob's replicas edit",
                 "delete": "gang.release_pod_group: the PodGroup of a suspended job (the "
                 f"scheduler reserves nothing for it); {where}: one an earlier job left",
+                "patch": "reconcile.Reconciler._sync_pod_group: minMember after a served "
+                "TFJob's replicas edit",
             },
-            only_when={"get": FOUND, "delete": "a job is suspended"},
+            only_when={
+                "get": FOUND,
+                "delete": "a job is suspended",
+                "patch": "a served TFJob's replicas are edited",
+            },
         ),
         *_calls(
             "",

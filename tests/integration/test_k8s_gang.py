@@ -76,3 +76,52 @@ def test_without_a_gang_scheduler_the_job_is_warned_and_still_runs(kube, operato
     assert event.message.startswith(
         "spec.runPolicy.schedulingPolicy: minAvailable (2) will not be honoured"
     )
+
+
+@pytest.mark.timeout(120)
+def test_a_tfjob_replicas_edit_moves_its_pod_groups_min_member(
+    own_kube, control_plane, volcano_pod_group_crd
+):
+    """A served TFJob scaled 2 → 4 → 1 workers: the PodGroup's minMember follows each edit
+    (the scheduler would otherwise hold the new pods until a gang of the old size, or admit a
+    gang too small), and the queue it was created with stays."""
+    kube = own_kube
+    env = {"STRATEGYJOB_GANG_SCHEDULER": "volcano", "STRATEGYJOB_SERVE_TFJOBS": "true"}
+    op = OperatorProcess(control_plane, "--standalone", "-n", kube.ns, env=env).start()
+    tfjobs = ("kubeflow.org", "v1", kube.ns, "tfjobs")
+    try:
+        container = {"name": "tensorflow", "image": "busybox"}
+        worker = {"replicas": 2, "template": {"spec": {"containers": [container]}}}
+        kube.custom.create_namespaced_custom_object(
+            *tfjobs,
+            {
+                "apiVersion": "kubeflow.org/v1",
+                "kind": "TFJob",
+                "metadata": {"name": "elastic"},
+                "spec": {
+                    "runPolicy": {"schedulingPolicy": {"queue": "research"}},
+                    "tfReplicaSpecs": {"Worker": worker},
+                },
+            },
+        )
+
+        def min_member(n: int):
+            groups = pod_groups(kube)
+            return groups if groups and groups[0]["spec"].get("minMember") == n else None
+
+        wait_for("the PodGroup of 2", lambda: min_member(2), timeout=30)
+        for name in kube.wait_pods("elastic", 2):
+            kube.set_phase(name, "Running")
+
+        def running():
+            obj = kube.custom.get_namespaced_custom_object(*tfjobs, "elastic")
+            return (obj.get("status") or {}).get("state") == "Running"
+
+        wait_for("the TFJob running", running, timeout=30)
+        for count in (4, 1):
+            patch = {"spec": {"tfReplicaSpecs": {"Worker": {"replicas": count}}}}
+            kube.custom.patch_namespaced_custom_object(*tfjobs, "elastic", patch)
+            (group,) = wait_for(f"minMember {count}", lambda n=count: min_member(n), timeout=30)
+            assert group["spec"]["queue"] == "research"
+    finally:
+        op.stop()

@@ -179,10 +179,11 @@ the two identical.
 {{- end }}
 {{- with .Values.operator.gangScheduler }}
 # The job's PodGroup for the gang scheduler ({{ . }}), created once; deleted while the job is
-# suspended (the scheduler reserves nothing for it) and created again on resume.
+# suspended (the scheduler reserves nothing for it) and created again on resume; its minMember
+# patched when a served TFJob's replicas are edited.
 - apiGroups: [{{ ternary "scheduling.volcano.sh" "scheduling.x-k8s.io" (eq . "volcano") }}]
   resources: [podgroups]
-  verbs: [create, get, delete]
+  verbs: [create, get, delete, patch]
 # The namespace's ResourceQuotas: read before a gang's pods are created (all of them fit, or
 # none is created), and watched: a quota's update that frees room wakes the gangs waiting for it.
 - apiGroups: [""]

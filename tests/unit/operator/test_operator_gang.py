@@ -96,3 +96,15 @@ def test_operator_setting_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATEGYJOB_GANG_SCHEDULER", "kueue")
     with pytest.raises(ValueError, match="'kueue' is not a gang scheduler the operator knows"):
         settings_from_env()
+
+
+def test_pod_group_patch_brings_only_what_changed() -> None:
+    """After a TFJob's replicas edit the PodGroup's minMember follows; fields the scheduler
+    added (status, its own defaults) are left alone, and an agreeing group needs no patch."""
+    wanted = gang.build_pod_group(make_job({"queue": "q"}), OWNER, gang.VOLCANO)
+    assert wanted["spec"]["minMember"] == 4
+    current = {"spec": {"minMember": 3, "queue": "q", "minTaskMember": {"x": 1}}, "status": {}}
+    assert gang.pod_group_patch(current, wanted) == {"spec": {"minMember": 4}}
+    current["spec"]["minMember"] = 4
+    assert gang.pod_group_patch(current, wanted) is None
+    assert gang.pod_group_patch({}, wanted) == {"spec": wanted["spec"]}
