@@ -5,6 +5,7 @@ variables beside it, so a two-worker job all-reduces through the SDK to success.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -107,3 +108,23 @@ def test_one_replica_tfjob_gets_no_tf_config_even_from_the_launcher(tmp_path):
     result = run_cli(path, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[worker-0] TF_CONFIG None" in result.stdout.splitlines()
+
+
+def test_a_tfjob_named_by_generate_name_runs_under_a_generated_name(tmp_path):
+    """Kubeflow's guide writes ``generateName`` (for ``kubectl create``): run names the job as
+    the API server would, the prefix and five characters, instead of asking for a name."""
+    (tmp_path / "one.py").write_text("print('ran')\n")
+    container = {"name": "tensorflow", "image": "tf:2", "command": ["python", "one.py"]}
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"generateName": "mnist-"},
+        "spec": {"tfReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [container]}}}}},
+    }
+    path = tmp_path / "tfjob.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    result = run_cli(path, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    last = result.stdout.splitlines()[-1]
+    generated = r"mnist-[bcdfghjklmnpqrstvwxz2456789]{5}"
+    assert re.fullmatch(rf"strategyjob: job {generated} succeeded in .*", last), last

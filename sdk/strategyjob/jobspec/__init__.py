@@ -55,6 +55,7 @@ from strategyjob.jobspec._env import (
     training_container,
     training_container_index,
 )
+from strategyjob.jobspec._generate_name import with_generated_name
 from strategyjob.jobspec._labels import is_dns_subdomain
 from strategyjob.jobspec._load import (
     load_manifest,
@@ -233,4 +234,5 @@ __all__ = [
     "token_secret_name",
     "training_container",
     "training_container_index",
+    "with_generated_name",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strategyjob.jobspec import _messages as msg
+from strategyjob.jobspec._generate_name import SUFFIX_LENGTH, generate_name_of
 from strategyjob.jobspec._load import load_manifest
 from strategyjob.jobspec._model import (
     REPLICA_TYPES,
@@ -35,7 +36,7 @@ from strategyjob.jobspec._tfmodel import (
 )
 
 #: What the API server appends to ``metadata.generateName``: the name checks count it.
-_GENERATED_SUFFIX = "xxxxx"
+_GENERATED_SUFFIX = "x" * SUFFIX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def convert_tfjob(obj: Any, strategy: str | None = None) -> Conversion:
                 )
             ]
         )
-    generate_name = _generate_name(obj)
+    generate_name = generate_name_of(obj)
     tfjob = load_tfjob(_named(obj, generate_name))
     _check_training_container(tfjob)
     notes: list[str] = []
@@ -115,15 +116,6 @@ def convert_tfjob(obj: Any, strategy: str | None = None) -> Conversion:
         manifest["metadata"].pop("name")
         manifest["metadata"] = {"generateName": generate_name, **manifest["metadata"]}
     return Conversion(manifest=manifest, notes=tuple(notes))
-
-
-def _generate_name(obj: Any) -> str | None:
-    """``metadata.generateName`` of a TFJob without a name (Kubeflow's guide uses it)."""
-    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if not isinstance(metadata, Mapping) or metadata.get("name"):
-        return None
-    value = metadata.get("generateName")
-    return value if isinstance(value, str) and value else None
 
 
 def _named(obj: Any, generate_name: str | None) -> Any:

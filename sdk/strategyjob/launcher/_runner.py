@@ -29,6 +29,7 @@ from strategyjob.jobspec import (
     read_manifest_file,
     serves_until_stopped,
     tfjob_replica_env,
+    with_generated_name,
 )
 from strategyjob.launcher._decision import (
     Decision,
@@ -88,7 +89,8 @@ def run_file(path: str | Path, options: RunOptions | None = None, out: TextIO | 
     ``ManifestError``/``LaunchError`` before anything starts), then run it. Returns the
     process exit code. A TFJob's ``tensorflow`` containers run, with ``TF_CONFIG`` as
     training-operator writes it but on 127.0.0.1."""
-    document = read_manifest_file(path)
+    # A name the API server would generate (``kubectl create`` of a ``generateName`` manifest)
+    document = with_generated_name(read_manifest_file(path))
     try:
         tfjob = local_tfjob(document) if is_tfjob(document) else None
         job = tfjob.job if tfjob is not None else load_manifest(document)
