@@ -54,12 +54,9 @@ class Loaded:
 
     @property
     def optional_types(self) -> tuple[str, ...]:
-        """The replica types whose failure never fails the job: the evaluator, and under
-        ``enableDynamicWorker`` a TFJob's workers (training-operator ignores their failures;
-        here each is recreated alone while its restart policy allows)."""
-        if self.tfjob is not None and self.tfjob.enable_dynamic_worker:
-            return (*OPTIONAL_TYPES, "worker")
-        return OPTIONAL_TYPES
+        """The replica types whose failure never fails the job (:attr:`TFJob.optional_types`:
+        the evaluator, and a TFJob's workers under ``enableDynamicWorker``)."""
+        return OPTIONAL_TYPES if self.tfjob is None else self.tfjob.optional_types
 
     @property
     def served(self) -> bool:

@@ -353,8 +353,8 @@ def test_a_failed_evaluator_restarts_alone_or_is_given_up_and_the_job_goes_on(tm
     failed = "strategyjob: evaluator-0 exited with code 1: ValueError: no checkpoint yet"
     if policy == "OnFailure":
         assert (
-            f"{failed}; restarting evaluator-0 alone (evaluator restart 1 of 1, not counted "
-            "against the job's backoffLimit)" in lines
+            f"{failed}; restarting evaluator-0 alone (an evaluator never fails the job: restart "
+            "1 of 1, not counted against the job's backoffLimit)" in lines
         )
         assert (tmp_path / "evaluator-starts").read_text() == "xx"
     else:

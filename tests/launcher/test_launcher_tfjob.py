@@ -128,3 +128,71 @@ def test_a_tfjob_named_by_generate_name_runs_under_a_generated_name(tmp_path):
     last = result.stdout.splitlines()[-1]
     generated = r"mnist-[bcdfghjklmnpqrstvwxz2456789]{5}"
     assert re.fullmatch(rf"strategyjob: job {generated} succeeded in .*", last), last
+
+
+def test_under_enable_dynamic_worker_a_failing_worker_restarts_alone_and_never_fails_the_job(
+    tmp_path,
+):
+    """As the operator serves it (training-operator ignores a dynamic worker's failures): the
+    worker is restarted alone while its policy allows, then given up; the chief is never
+    restarted and its success is the job's."""
+    (tmp_path / "chief.py").write_text(
+        textwrap.dedent(
+            """
+            import pathlib, time
+            pathlib.Path("chief-starts").open("a").write("x")
+            starts = pathlib.Path("worker-starts")
+            deadline = time.monotonic() + 60
+            while not (starts.exists() and starts.read_text() == "xx"):
+                assert time.monotonic() < deadline, "worker-1 was not restarted"
+                time.sleep(0.05)
+            """
+        )
+    )
+    (tmp_path / "worker.py").write_text(
+        textwrap.dedent(
+            """
+            import os, pathlib
+            if os.environ["STRATEGYJOB_REPLICA_INDEX"] == "1":
+                pathlib.Path("worker-starts").open("a").write("x")
+                raise RuntimeError("worker-1 lost its node")
+            """
+        )
+    )
+
+    def replica(script: str, count: int) -> dict:
+        container = {"name": "tensorflow", "image": "tf:2", "command": ["python", script]}
+        return {
+            "replicas": count,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [container]}},
+        }
+
+    manifest = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "dyn"},
+        "spec": {
+            "enableDynamicWorker": True,
+            "runPolicy": {"backoffLimit": 1},
+            "tfReplicaSpecs": {"Chief": replica("chief.py", 1), "Worker": replica("worker.py", 2)},
+        },
+    }
+    path = tmp_path / "tfjob.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    result = run_cli(path, "--grace-period", "5", timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    failed = "strategyjob: worker-1 exited with code 1: RuntimeError: worker-1 lost its node"
+    assert (
+        f"{failed}; restarting worker-1 alone (under enableDynamicWorker a worker never fails "
+        "the TFJob: restart 1 of 1, not counted against the job's backoffLimit)" in lines
+    ), result.stdout
+    assert any(
+        line.startswith(f"{failed}; it was restarted 1 times")
+        and "The job goes on without it" in line
+        for line in lines
+    ), result.stdout
+    assert (tmp_path / "chief-starts").read_text() == "x"
+    assert (tmp_path / "worker-starts").read_text() == "xx"
+    assert lines[-1].startswith("strategyjob: job dyn succeeded in ")

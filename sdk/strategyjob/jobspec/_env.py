@@ -8,7 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from strategyjob import _names
-from strategyjob.jobspec._model import REPLICA_TYPES, TRAINING_CONTAINER_NAME, StrategyJob
+from strategyjob.jobspec._model import (
+    REPLICA_TYPES,
+    TRAINING_CONTAINER_NAME,
+    StrategyJob,
+)
 from strategyjob.jobspec._tfmodel import TFJob
 
 #: Variables :func:`replica_env` sets (RANK and WORLD_SIZE only for chief and worker); their
@@ -58,10 +62,6 @@ CLUSTER_CONFIG_MAP_SUFFIX = "-strategyjob-cluster"
 
 #: Replica types that take part in training collectives and get a torch rank.
 TRAINING_REPLICA_TYPES = ("chief", "worker")
-#: Replica types whose failure never fails the job nor uses its ``backoffLimit``: the
-#: evaluator, outside training (restarted alone, then given up), for the operator and for
-#: ``strategyjob run`` alike.
-OPTIONAL_REPLICA_TYPES = ("evaluator",)
 
 
 def token_secret_name(job_name: str, job_uid: str) -> str:

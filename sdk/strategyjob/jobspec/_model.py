@@ -50,6 +50,10 @@ COLLECTIVE_STRATEGIES: tuple[str, ...] = tuple(
 
 #: Replica types in the order they are listed, created and reported.
 REPLICA_TYPES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
+#: Replica types whose failure never fails the job nor uses its ``backoffLimit``: the
+#: evaluator, outside training (restarted alone, then given up), for the operator and for
+#: ``strategyjob run`` alike (a TFJob adds its workers: ``TFJob.optional_types``).
+OPTIONAL_REPLICA_TYPES: tuple[str, ...] = ("evaluator",)
 RESTART_POLICIES: tuple[str, ...] = ("Never", "OnFailure", "Always", "ExitCode")
 CLEAN_POD_POLICIES: tuple[str, ...] = ("None", "Running", "All")
 #: "" means: the job succeeds when the chief succeeds (worker 0 when there is no chief).

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from strategyjob.jobspec._model import REPLICA_TYPES, StrategyJob
+from strategyjob.jobspec._model import OPTIONAL_REPLICA_TYPES, REPLICA_TYPES, StrategyJob
 
 TFJOB_GROUP = "kubeflow.org"
 TFJOB_VERSION = "v1"
@@ -92,6 +92,15 @@ class TFJob:
         """Whether this operator runs the job: ``managedBy`` unset or training-operator's
         (another value, e.g. MultiKueue's, means another controller does)."""
         return self.managed_by in (None, TRAINING_OPERATOR)
+
+    @property
+    def optional_types(self) -> tuple[str, ...]:
+        """The replica types whose failure never fails the job: the evaluator, and under
+        ``enableDynamicWorker`` the workers (training-operator ignores their failures; here
+        each is restarted alone while its restart policy allows, then given up)."""
+        if self.enable_dynamic_worker:
+            return (*OPTIONAL_REPLICA_TYPES, "worker")
+        return OPTIONAL_REPLICA_TYPES
 
     def key(self, replica_type: str) -> str:
         """The CamelCase key of StrategyJob type ``replica_type`` (``Master`` or ``Chief``

@@ -131,6 +131,7 @@ def decide(
     *,
     optional_restarts: int = 0,
     given_up: Set[ReplicaKey] = frozenset(),
+    optional_types: tuple[str, ...] = OPTIONAL_REPLICA_TYPES,
 ) -> Decision:
     """The job's next step, from the exits seen so far in the current attempt.
 
@@ -139,10 +140,11 @@ def decide(
       restarts were made, the job restarts: under ParameterServerStrategy failed
       workers restart alone; every other strategy is collective, so the whole job
       restarts. Otherwise the job fails, first failure first.
-    * An evaluator's failure never fails the job (``OPTIONAL_REPLICA_TYPES``): it restarts
-      alone while its policy retries it and ``optional_restarts`` (its restarts so far) is
-      under ``backoffLimit``, else it is given up (the caller passes it in ``given_up``
-      from then on) and the job goes on without it.
+    * An evaluator's failure never fails the job (``optional_types``: also a TFJob's workers
+      under ``enableDynamicWorker``, :attr:`TFJob.optional_types`): it restarts alone while
+      its policy retries it and ``optional_restarts`` (such restarts so far) is under
+      ``backoffLimit``, else it is given up (the caller passes it in ``given_up`` from then
+      on) and the job goes on without it.
     * A replica that serves until the job ends (:func:`serves_until_stopped`: a ps, a
       ParameterServerStrategy worker) fails when it exits at all, code 0 included, unless
       the job had already succeeded.
@@ -170,8 +172,8 @@ def decide(
             )
         )
     )
-    optional = tuple(f for f in failures if f.key[0] in OPTIONAL_REPLICA_TYPES)
-    failures = tuple(f for f in failures if f.key[0] not in OPTIONAL_REPLICA_TYPES)
+    optional = tuple(f for f in failures if f.key[0] in optional_types)
+    failures = tuple(f for f in failures if f.key[0] not in optional_types)
     if failures:
         first = failures[0].describe()
         retryable = all(f.retryable(job.replica_specs[f.key[0]].restart_policy) for f in failures)

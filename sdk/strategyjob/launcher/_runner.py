@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from strategyjob.jobspec import (
     ENV_PROGRESS_FILE,
     ENV_TOKEN,
+    OPTIONAL_REPLICA_TYPES,
     TRAINING_REPLICA_TYPES,
     ManifestError,
     StrategyJob,
@@ -97,8 +98,16 @@ def run_file(path: str | Path, options: RunOptions | None = None, out: TextIO | 
     except ManifestError as e:
         raise ManifestError([f"{path}: {p}" for p in e.problems], str(path)) from None
     check_runnable(job)
-    env_of = tfjob_env(tfjob) if tfjob is not None else None
-    return run_job(job, Path(path).resolve().parent, options, out, env_of=env_of)
+    if tfjob is None:
+        return run_job(job, Path(path).resolve().parent, options, out)
+    return run_job(
+        job,
+        Path(path).resolve().parent,
+        options,
+        out,
+        env_of=tfjob_env(tfjob),
+        optional_types=tfjob.optional_types,
+    )
 
 
 def tfjob_env(tfjob: TFJob) -> ReplicaEnv:
@@ -118,16 +127,21 @@ def run_job(
     out: TextIO | None = None,
     *,
     env_of: ReplicaEnv | None = None,
+    optional_types: tuple[str, ...] = OPTIONAL_REPLICA_TYPES,
 ) -> int:
     """Run ``job`` with one local process per replica in ``workdir``; returns 0 if it
     succeeded, 1 if it failed, ``128 + signal`` if interrupted by SIGINT, SIGTERM or
-    SIGHUP. ``env_of``: each replica's injected environment (default ``replica_env``)."""
+    SIGHUP. ``env_of``: each replica's injected environment (default ``replica_env``);
+    ``optional_types``: the replica types whose failure never fails the job
+    (:attr:`TFJob.optional_types` for a TFJob)."""
     options = options or RunOptions()
     out = out or sys.stdout
     live = options.live_status if options.live_status is not None else out.isatty()
     reserve_open_files(len(job.replicas()))
     console = Console(out, live_status=live)
-    return _JobRun(job, Path(workdir), options, console, env_of=env_of).run()
+    return _JobRun(
+        job, Path(workdir), options, console, env_of=env_of, optional_types=optional_types
+    ).run()
 
 
 def grace_period_of(job: StrategyJob, override: float | None = None) -> float:
@@ -159,6 +173,7 @@ class _JobRun:
         supervisor: ProcessSupervisor | None = None,
         clock: Callable[[], float] = time.monotonic,
         env_of: ReplicaEnv | None = None,
+        optional_types: tuple[str, ...] = OPTIONAL_REPLICA_TYPES,
     ) -> None:
         self.job = job
         self.env_of = env_of
@@ -170,6 +185,9 @@ class _JobRun:
         self.clock = clock
         self.started = clock()
         self.restarts = 0
+        #: The replica types whose failure never fails the job (the evaluator; a TFJob's
+        #: workers under ``enableDynamicWorker``).
+        self.optional_types = optional_types
         self.optional_restarts = 0  # an evaluator's, not counted against backoffLimit
         self.given_up: set[ReplicaKey] = set()  # evaluators not restarted any more
         self.interrupt: int | None = None
@@ -228,16 +246,17 @@ class _JobRun:
             if decision.phase is Phase.GIVE_UP:
                 self.given_up.update(decision.restart)
                 self.say(
-                    f"{decision.reason}. The job goes on without it (an evaluator never "
-                    "fails the job)."
+                    f"{decision.reason}. The job goes on without it "
+                    f"({_never_fails(decision.restart)})."
                 )
                 continue
             if decision.phase is Phase.RESTART_OPTIONAL:
                 self.optional_restarts += 1
                 self.say(
-                    f"{decision.reason}; restarting {_names(decision.restart)} alone (evaluator "
-                    f"restart {self.optional_restarts} of {self.job.run_policy.backoff_limit}, "
-                    "not counted against the job's backoffLimit)"
+                    f"{decision.reason}; restarting {_names(decision.restart)} alone "
+                    f"({_never_fails(decision.restart)}: restart {self.optional_restarts} of "
+                    f"{self.job.run_policy.backoff_limit}, not counted against the job's "
+                    "backoffLimit)"
                 )
                 for key in decision.restart:
                     self.supervisor.start(launches[key])
@@ -289,6 +308,7 @@ class _JobRun:
                 self._seconds(),
                 optional_restarts=self.optional_restarts,
                 given_up=self.given_up,
+                optional_types=self.optional_types,
             )
             self._show_status()
             if decision.phase is not Phase.RUNNING:
@@ -405,3 +425,10 @@ class _JobRun:
 
 def _names(keys: Iterable[ReplicaKey]) -> str:
     return ", ".join(replica_name(k) for k in sorted(keys))
+
+
+def _never_fails(keys: Iterable[ReplicaKey]) -> str:
+    """Why the failure of replicas ``keys`` (of an optional type) does not fail the job."""
+    if all(t == "evaluator" for t, _ in keys):
+        return "an evaluator never fails the job"
+    return "under enableDynamicWorker a worker never fails the TFJob"
