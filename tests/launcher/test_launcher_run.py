@@ -752,6 +752,29 @@ def test_a_grace_period_that_is_not_a_duration_is_refused(tmp_path, value):
 
 
 @pytest.mark.parametrize(
+    "options",
+    [
+        {"grace_period": -5},
+        {"grace_period": float("nan")},
+        {"finish_timeout": float("inf")},
+        {"grace_period": "10"},
+        {"finish_timeout": True},
+    ],
+)
+def test_run_options_through_the_python_api_are_checked_as_the_cli_checks_them(options):
+    """``RunOptions(grace_period=-5)`` would be a SIGKILL at once: refused when it is made."""
+    from strategyjob.launcher import RunOptions
+
+    ((name, value),) = options.items()
+    with pytest.raises(ValueError) as raised:
+        RunOptions(**options)
+    assert str(raised.value) == (
+        f"RunOptions({name}={value!r}): must be a number of seconds, 0 or more; e.g. 10"
+    )
+    assert RunOptions(grace_period=0, finish_timeout=2.5).grace_period == 0
+
+
+@pytest.mark.parametrize(
     ("change", "problem"),
     [
         pytest.param(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import shutil
 import signal
@@ -78,6 +79,22 @@ class RunOptions:
     grace_period: float | None = None
     finish_timeout: float = 30.0
     live_status: bool | None = None  # None: when stdout is a TTY
+
+    def __post_init__(self) -> None:
+        # A negative or NaN duration would be taken as 0 further down (SIGKILL at once), and
+        # an infinite one would wait for ever: refused here, as ``--grace-period`` is.
+        for name in ("grace_period", "finish_timeout"):
+            value = getattr(self, name)
+            if value is None and name == "grace_period":
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 <= value < math.inf)
+            ):
+                raise ValueError(
+                    f"RunOptions({name}={value!r}): must be a number of seconds, 0 or more; e.g. 10"
+                )
 
 
 class _Interrupted(Exception):
