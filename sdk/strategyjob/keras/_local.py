@@ -11,8 +11,9 @@ add to the same metric variables. ``LocalReplicasBinding`` sets on the model ins
 * ``train_step``: the global batch is split over the replicas (``_split.local_rows``, the
   distributed iterator's balanced split); in ``strategy.run`` each replica runs the class's
   ``train_step`` on its rows, its loss scaled by ``rows / global_rows`` (the optimizer's
-  ``scale_loss``) and with the model's ``zero_grad`` and the optimizer's ``apply`` held back for
-  the step, so that the accumulated ``.grad`` is exactly the gradient of Keras's loss on the
+  ``scale_loss``; a ``train_step`` that applies gradients without it is refused, naming the
+  fix) and with the model's ``zero_grad`` and the optimizer's ``apply`` held back for the
+  step, so that the accumulated ``.grad`` is exactly the gradient of Keras's loss on the
   global batch (uneven last batch and sample weights included); the optimizer then applies it
   once, in cross-replica context. The compiled metrics and the loss tracker hold the sums over
   the replicas when read (TF's sync-on-read SUM), so the logs, history and ``evaluate`` are
@@ -43,17 +44,24 @@ from strategyjob.keras._common import (
     entry_point,
     instance_attribute,
     moving_statistics,
-    scaled_loss,
 )
 from strategyjob.keras._split import local_rows, rows_of, slice_rows
 
-__all__ = ["LocalReplicasBinding", "local_replicas_refusal"]
+__all__ = ["NOT_SCALED", "LocalReplicasBinding", "local_replicas_refusal"]
 
 SEVERAL_GPUS = (
     "Keras fit/evaluate/predict under {name} with {count} replicas on {devices} is not "
     "supported: the replicas of one process share the model on one device. Use "
     "MultiWorkerMirroredStrategy with one GPU per worker (`strategyjob run`, "
     "CUDA_VISIBLE_DEVICES), or {name} on logical CPU devices, e.g. {name}(['cpu:0', 'cpu:1'])."
+)
+
+
+NOT_SCALED = (
+    "The train_step of {model} applies the gradients of a loss it did not pass through "
+    "self.optimizer.scale_loss(loss), so the gradients of {strategy}'s replicas cannot be "
+    "combined into the global batch's; call loss = self.optimizer.scale_loss(loss) before "
+    "loss.backward() in train_step, as Keras's own train_step does."
 )
 
 
@@ -79,6 +87,7 @@ class LocalReplicasBinding:
         self._model = model
         self._strategy = strategy
         self._replicas = int(strategy.num_replicas_in_sync)
+        self._name = type(strategy).__name__
 
     def install(self) -> None:
         model = self._model
@@ -111,18 +120,31 @@ class LocalReplicasBinding:
         statistics = moving_statistics(model)
         before = [v.value.detach().clone() for v in statistics]
 
+        original_scale = optimizer.scale_loss
+
         def train_rows(replica: int, rows: Any) -> list[torch.Tensor]:
             for v, value in zip(statistics, before):
                 v.assign(value)  # each replica's copy starts from the step's values
-            with scaled_loss(optimizer, rows_of(rows) / global_rows):
+            calls = set()
+            factor = rows_of(rows) / global_rows
+
+            def scale_loss(loss: Any) -> Any:
+                calls.add("scale_loss")
+                return original_scale(loss) * factor
+
+            with (
+                instance_attribute(optimizer, "scale_loss", scale_loss),
+                instance_attribute(optimizer, "apply", lambda *args, **kw: calls.add("apply")),
+            ):
                 type(model).train_step(model, rows)
+            if calls == {"apply"}:
+                raise RuntimeError(
+                    NOT_SCALED.format(model=type(model).__name__, strategy=self._name)
+                )
             return [v.value.detach().clone() for v in statistics]
 
         torch.nn.Module.zero_grad(model)
-        with (
-            instance_attribute(model, "zero_grad", _no_op),
-            instance_attribute(optimizer, "apply", _no_op),
-        ):
+        with instance_attribute(model, "zero_grad", _no_op):
             after = self._each_replica(train_rows, data)
         weights = model.trainable_weights
         if weights:

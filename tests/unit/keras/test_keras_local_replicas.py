@@ -291,3 +291,29 @@ def test_jit_compile_is_refused_naming_the_strategy(keras, name) -> None:  # typ
         model = keras.Sequential(_layers(keras))
     with pytest.raises(NotImplementedError, match=r"jit_compile=True .* under \w+Strategy yet"):
         model.compile(loss="mse", jit_compile=True)
+
+
+@pytest.mark.timeout(60)
+def test_a_train_step_that_does_not_scale_its_loss_is_refused(keras) -> None:  # type: ignore[no-untyped-def]
+    """A train_step written as Keras's torch guide shows, without optimizer.scale_loss: each
+    replica's gradient would count as the whole batch's, so fit says what to add instead."""
+    import torch
+
+    class Custom(keras.Sequential):
+        def train_step(self, data):  # type: ignore[no-untyped-def]
+            x, y = data
+            self.zero_grad()
+            loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+            loss.backward()
+            weights = self.trainable_weights[:]
+            with torch.no_grad():
+                self.optimizer.apply([v.value.grad for v in weights], weights)
+            return {}
+
+    model, _ = _pair(keras, STRATEGIES["mirrored"](), Custom)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y, _ = _data()
+    with pytest.raises(RuntimeError) as raised:
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+    assert str(raised.value).startswith("The train_step of Custom applies the gradients of a loss")
+    assert "call loss = self.optimizer.scale_loss(loss) before loss.backward()" in str(raised.value)
