@@ -23,6 +23,10 @@ add to the same metric variables. ``LocalReplicasBinding`` sets on the model ins
   (TF's ON_READ / MEAN variables, as read in cross-replica context);
 * ``test_step``: each replica evaluates its rows; ``predict_step``: each replica predicts its
   rows, concatenated in replica order, which is row order.
+* ``fit`` / ``evaluate`` / ``predict``: a distributed dataset
+  (``strategy.experimental_distribute_dataset(loader)``) given as ``x`` or ``validation_data``
+  is read as its global batches (each step's per-replica batches joined in replica order), which
+  the steps split again with the balanced split.
 
 A replica with no row in a short last batch computes nothing (in one process nobody waits for
 it). Saving (``save``, ``save_weights``, ``ModelCheckpoint``, ``BackupAndRestore``) is plain
@@ -32,13 +36,17 @@ GPUs in one process are refused (:func:`local_replicas_refusal`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
 import torch
 
 import strategyjob
+from strategyjob import _nest
+from strategyjob._values import select_replica
+from strategyjob.input.distributed import DistributedDataset
 from strategyjob.keras._common import (
     ENTRY_POINTS,
     entry_point,
@@ -80,6 +88,29 @@ def _no_op(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+class _GlobalBatches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """The global batches of a distributed dataset: each step's per-replica batches joined in
+    replica order (each pass a new pass over the distributed dataset)."""
+
+    def __init__(self, dataset: DistributedDataset, replicas: int) -> None:
+        self._dataset = dataset
+        self._replicas = replicas
+
+    def __iter__(self) -> Iterator[Any]:
+        for step in self._dataset:
+            parts = [select_replica(i, step) for i in range(self._replicas)]
+            yield _nest.map_structure(lambda *rows: torch.cat(rows), *parts)
+
+
+def global_input(data: Any, replicas: int) -> Any:
+    """``data`` as Keras reads it: a distributed dataset (``experimental_distribute_dataset``)
+    becomes a DataLoader of its global batches, which ``fit`` splits over the replicas again;
+    anything else is Keras's."""
+    if isinstance(data, DistributedDataset):
+        return torch.utils.data.DataLoader(_GlobalBatches(data, replicas), batch_size=None)
+    return data
+
+
 class LocalReplicasBinding:
     """A Keras model trained by a one-process strategy with several local replicas."""
 
@@ -92,10 +123,20 @@ class LocalReplicasBinding:
     def install(self) -> None:
         model = self._model
         for name in ENTRY_POINTS:
-            setattr(model, name, entry_point(model, self._strategy, name))
+            call = None if name == "compile" else self._global_input
+            setattr(model, name, entry_point(model, self._strategy, name, call))
         model.train_step = self.train_step
         model.test_step = self.test_step
         model.predict_step = self.predict_step
+
+    def _global_input(self, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``fit`` / ``evaluate`` / ``predict`` with a distributed dataset given as ``x`` or
+        ``validation_data`` read as its global batches (:func:`global_input`)."""
+        bound = inspect.signature(method).bind(self._model, *args, **kwargs)
+        for key in ("x", "validation_data"):
+            if key in bound.arguments:
+                bound.arguments[key] = global_input(bound.arguments[key], self._replicas)
+        return method(*bound.args, **bound.kwargs)
 
     def _each_replica(self, fn: Callable[[int, Any], Any], data: Any) -> list[Any]:
         """``fn(replica, rows)`` in ``strategy.run`` for each replica with rows of the batch:

@@ -154,7 +154,11 @@ def test_each_replica_computes_on_its_own_rows_of_the_global_batch(keras, name) 
     assert model.seen == expected
     model.seen = []
     rows = torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
-    model.fit(torch.utils.data.DataLoader(rows, batch_size=BATCH), epochs=1, verbose=0)
+    loader = torch.utils.data.DataLoader(rows, batch_size=BATCH)
+    model.fit(loader, epochs=1, verbose=0)
+    assert model.seen == expected
+    model.seen = []
+    model.fit(strategy.experimental_distribute_dataset(loader), epochs=1, verbose=0)
     assert model.seen == expected
     model.seen = []
     model.evaluate(x, y, batch_size=BATCH, verbose=0)
@@ -163,6 +167,35 @@ def test_each_replica_computes_on_its_own_rows_of_the_global_batch(keras, name) 
     predicted = model.predict(x, batch_size=BATCH, verbose=0)
     assert model.seen == expected
     assert predicted.shape == (ROWS, 2) and np.isfinite(predicted).all()
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.timeout(60)
+def test_a_distributed_dataset_is_read_as_its_global_batches(keras, name) -> None:  # type: ignore[no-untyped-def]
+    """strategy.experimental_distribute_dataset(loader) given to fit (and as validation_data),
+    evaluate and predict: the same figures as plain Keras given the loader itself."""
+    import numpy as np
+    import torch
+
+    strategy = STRATEGIES[name]()
+    model, plain = _pair(keras, strategy)
+    x, y, _ = _data()
+    rows = torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y))
+    loader = torch.utils.data.DataLoader(rows, batch_size=BATCH)
+    distributed = strategy.experimental_distribute_dataset(loader)
+    histories = []
+    for m, data in ((model, distributed), (plain, loader)):
+        m.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse", metrics=["mae"])
+        histories.append(m.fit(data, validation_data=data, epochs=2, verbose=0).history)
+    _assert_same_weights(model, plain)
+    for key, values in histories[1].items():
+        np.testing.assert_allclose(histories[0][key], values, **TIGHT)
+    assert model.evaluate(distributed, verbose=0) == pytest.approx(
+        plain.evaluate(loader, verbose=0)
+    )
+    inputs = torch.utils.data.DataLoader(torch.as_tensor(x), batch_size=BATCH)
+    predicted = model.predict(strategy.experimental_distribute_dataset(inputs), verbose=0)
+    np.testing.assert_allclose(predicted, plain.predict(x, batch_size=BATCH, verbose=0), **TIGHT)
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
