@@ -160,13 +160,24 @@ def test_a_mid_epoch_backup_resumes_at_its_batch_in_one_worker(keras, tmp_path) 
     assert not (tmp_path / "backup").exists()
 
 
-def test_a_model_built_outside_every_scope_is_refused_when_fit_in_one(keras) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: sj.MultiWorkerMirroredStrategy(),
+        lambda: sj.MirroredStrategy(["cpu:0", "cpu:1"]),
+        lambda: sj.CentralStorageStrategy(["cpu:0", "cpu:1"]),
+    ],
+)
+def test_a_model_built_outside_every_scope_is_refused_when_fit_in_one(keras, make) -> None:  # type: ignore[no-untyped-def]
+    """It would compute each whole batch on one replica: refused, naming the strategy."""
     model = _model(keras)
     model.compile(loss="mse")
     x, y = _data()
-    with sj.MultiWorkerMirroredStrategy().scope():
-        with pytest.raises(RuntimeError, match="was built outside every strategy's scope"):
+    strategy = make()
+    with strategy.scope():
+        with pytest.raises(RuntimeError, match="was built outside every strategy's scope") as e:
             model.fit(x, y, verbose=0)
+    assert f"so {type(strategy).__name__} does not distribute it" in str(e.value)
     model.fit(x, y, verbose=0)  # outside every scope: plain Keras, as before
 
 
