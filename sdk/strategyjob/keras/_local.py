@@ -31,7 +31,8 @@ add to the same metric variables. ``LocalReplicasBinding`` sets on the model ins
 A replica with no row in a short last batch computes nothing (in one process nobody waits for
 it). Saving (``save``, ``save_weights``, ``ModelCheckpoint``, ``BackupAndRestore``) is plain
 Keras: one process writes. The replicas' tensors must be on the model's device, so several
-GPUs in one process are refused (:func:`local_replicas_refusal`).
+GPUs in one process are refused, and so are CPU replicas while Keras computes elsewhere (its
+default device on a GPU machine): :func:`local_replicas_refusal`.
 """
 
 from __future__ import annotations
@@ -73,15 +74,36 @@ NOT_SCALED = (
 )
 
 
-def local_replicas_refusal(strategy: Any) -> str | None:
-    """Why Keras cannot train under this one-process strategy (None: it can): its replicas
-    must all be on the CPU (logical CPU devices), or be one."""
+KERAS_ELSEWHERE = (
+    "Keras puts its variables and computation on {keras_device!r} (torch's default, or "
+    "KERAS_TORCH_DEVICE), not on the CPU devices of {name}'s replicas ({devices}); set "
+    "KERAS_TORCH_DEVICE=cpu before Keras is imported, or use MultiWorkerMirroredStrategy "
+    "with one GPU per worker."
+)
+
+
+def local_replicas_refusal(strategy: Any, keras_device: str | None = None) -> str | None:
+    """Why Keras cannot train under this one-process strategy (None: it can). Its replicas
+    must all be on the CPU (logical CPU devices), or be one; replicas on the CPU need Keras on
+    the CPU too (``keras_device``: Keras's default device, read from Keras if not given)."""
     devices = tuple(strategy.extended.worker_devices)
-    if len(devices) == 1 or all("/DEVICE:CPU:" in d.upper() for d in devices):
-        return None
-    return SEVERAL_GPUS.format(
-        name=type(strategy).__name__, count=len(devices), devices=", ".join(devices)
-    )
+    name = type(strategy).__name__
+    on_cpu = all("/DEVICE:CPU:" in d.upper() for d in devices)
+    if not on_cpu and len(devices) > 1:
+        return SEVERAL_GPUS.format(name=name, count=len(devices), devices=", ".join(devices))
+    keras_device = keras_device or _keras_device()
+    if on_cpu and torch.device(keras_device).type != "cpu":
+        return KERAS_ELSEWHERE.format(
+            keras_device=keras_device, name=name, devices=", ".join(devices)
+        )
+    return None
+
+
+def _keras_device() -> str:
+    """The device Keras's torch backend creates its tensors on (no public API says it)."""
+    from keras.src.backend.torch import core
+
+    return str(core.get_device())
 
 
 def _no_op(*args: Any, **kwargs: Any) -> None:

@@ -302,20 +302,26 @@ def test_saving_and_backup_work_as_in_one_process(keras, name, tmp_path) -> None
 
 
 def test_several_gpus_in_one_process_are_refused_naming_the_alternative() -> None:
-    """The replicas of one process share the model on one device: with GPUs (which this test
-    names through a stand-in strategy, none being needed) compile/fit are refused."""
+    """The replicas of one process share the model on Keras's device: with several GPUs, or
+    CPU replicas while Keras is on a GPU (named through a stand-in strategy and Keras device,
+    none being needed), compile/fit are refused."""
     from strategyjob.keras._local import local_replicas_refusal
 
     def strategy(*devices: str) -> types.SimpleNamespace:
         names = [f"/job:localhost/replica:0/task:0/device:{d}" for d in devices]
         return types.SimpleNamespace(extended=types.SimpleNamespace(worker_devices=names))
 
-    assert local_replicas_refusal(strategy("CPU:0", "CPU:1")) is None
-    assert local_replicas_refusal(strategy("GPU:0")) is None  # one replica: the model's device
-    message = local_replicas_refusal(strategy("GPU:0", "GPU:1"))
+    assert local_replicas_refusal(strategy("CPU:0", "CPU:1"), "cpu") is None
+    assert local_replicas_refusal(strategy("GPU:0"), "cuda") is None  # one replica, Keras's device
+    message = local_replicas_refusal(strategy("GPU:0", "GPU:1"), "cuda")
     assert message is not None and "\n" not in message
     assert message.startswith("Keras fit/evaluate/predict under SimpleNamespace with 2 replicas")
     assert "Use MultiWorkerMirroredStrategy with one GPU per worker" in message
+    # CPU replicas while Keras computes on the GPU (its default on a GPU machine)
+    message = local_replicas_refusal(strategy("CPU:0", "CPU:1"), "cuda")
+    assert message is not None and "\n" not in message
+    assert message.startswith("Keras puts its variables and computation on 'cuda'")
+    assert "set KERAS_TORCH_DEVICE=cpu before Keras is imported" in message
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
