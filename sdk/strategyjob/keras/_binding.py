@@ -48,6 +48,7 @@ import torch
 
 import strategyjob
 from strategyjob._reduce import ReduceOp
+from strategyjob.input.distributed import DistributedDataset
 from strategyjob.keras import _callbacks
 from strategyjob.keras._common import (
     ENTRY_POINTS,
@@ -104,6 +105,21 @@ def bind(model: keras.Model, strategy: Any) -> None:
         LocalReplicasBinding(model, strategy).install()
 
 
+DISTRIBUTED_INPUT = (
+    "Keras fit/evaluate/predict under MultiWorkerMirroredStrategy read global batches, but "
+    "they were given a distributed dataset (strategy.experimental_distribute_dataset), whose "
+    "batches on this worker are its own rows only; pass the dataset itself: each worker "
+    "computes its own rows of each of its batches."
+)
+
+
+def _not_distributed(data: Any) -> Any:
+    """``data`` as Keras reads it; a distributed dataset is refused (:data:`DISTRIBUTED_INPUT`)."""
+    if isinstance(data, DistributedDataset):
+        raise ValueError(DISTRIBUTED_INPUT)
+    return data
+
+
 class MultiWorkerBinding:
     """A Keras model trained by MultiWorkerMirroredStrategy, one replica per worker."""
 
@@ -120,7 +136,8 @@ class MultiWorkerBinding:
         model = self._model
         for name in ENTRY_POINTS:
             fit = self._seeded_fit if name == "fit" else None
-            setattr(model, name, entry_point(model, self._strategy, name, fit))
+            entry = entry_point(model, self._strategy, name, fit, inputs=_not_distributed)
+            setattr(model, name, entry)
         model.train_step = self.train_step
         model.test_step = self.test_step
         model.predict_step = self.predict_step

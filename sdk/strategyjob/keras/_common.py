@@ -4,6 +4,7 @@ attributes set on one instance for one step (never on Keras's classes)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,8 +32,15 @@ JIT_COMPILE = (
 Call = Callable[[Callable[..., Any], tuple, dict], Any]
 
 
-def entry_point(model: keras.Model, strategy: Any, name: str, call: Call | None = None) -> Any:
+def entry_point(
+    model: keras.Model,
+    strategy: Any,
+    name: str,
+    call: Call | None = None,
+    inputs: Callable[[Any], Any] | None = None,
+) -> Any:
     """``model.<name>`` (the class's method) run in ``strategy``'s scope, as TF's Keras does;
+    ``inputs(data)``, if given, is what the method reads for its ``x`` and ``validation_data``;
     ``call(method, args, kwargs)``, if given, runs it there instead (``fit``'s extras)."""
     method = getattr(type(model), name)
 
@@ -40,6 +48,12 @@ def entry_point(model: keras.Model, strategy: Any, name: str, call: Call | None 
         check_keras_version(keras.__version__)
         if name == "compile" and kwargs.get("jit_compile") is True:
             raise NotImplementedError(JIT_COMPILE.format(strategy=type(strategy).__name__))
+        if inputs is not None and name != "compile":
+            bound = inspect.signature(method).bind(model, *args, **kwargs)
+            for key in ("x", "validation_data"):
+                if key in bound.arguments:
+                    bound.arguments[key] = inputs(bound.arguments[key])
+            args, kwargs = bound.args[1:], bound.kwargs
         with strategy.scope():
             if call is None:
                 return method(model, *args, **kwargs)

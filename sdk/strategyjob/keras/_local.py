@@ -37,7 +37,6 @@ default device on a GPU machine): :func:`local_replicas_refusal`.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -145,20 +144,13 @@ class LocalReplicasBinding:
     def install(self) -> None:
         model = self._model
         for name in ENTRY_POINTS:
-            call = None if name == "compile" else self._global_input
-            setattr(model, name, entry_point(model, self._strategy, name, call))
+            setattr(model, name, entry_point(model, self._strategy, name, inputs=self._global))
         model.train_step = self.train_step
         model.test_step = self.test_step
         model.predict_step = self.predict_step
 
-    def _global_input(self, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """``fit`` / ``evaluate`` / ``predict`` with a distributed dataset given as ``x`` or
-        ``validation_data`` read as its global batches (:func:`global_input`)."""
-        bound = inspect.signature(method).bind(self._model, *args, **kwargs)
-        for key in ("x", "validation_data"):
-            if key in bound.arguments:
-                bound.arguments[key] = global_input(bound.arguments[key], self._replicas)
-        return method(*bound.args, **bound.kwargs)
+    def _global(self, data: Any) -> Any:
+        return global_input(data, self._replicas)
 
     def _each_replica(self, fn: Callable[[int, Any], Any], data: Any) -> list[Any]:
         """``fn(replica, rows)`` in ``strategy.run`` for each replica with rows of the batch:

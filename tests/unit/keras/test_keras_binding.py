@@ -255,3 +255,28 @@ def test_a_batch_is_sliced_in_every_array_it_holds(keras) -> None:  # type: igno
     assert slice_rows((torch.zeros(5), torch.zeros(2)), 0, 1, 5)[1].shape == (2,)
     with pytest.raises(ValueError, match="holds no array"):
         rows_of((None, 3))
+
+
+def test_a_distributed_dataset_is_refused_under_multi_worker_mirrored(keras) -> None:  # type: ignore[no-untyped-def]
+    """Its batches on a worker are that worker's rows only, not the global batches that fit
+    splits: refused, saying to pass the dataset itself."""
+    import torch
+
+    strategy = sj.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = _model(keras)
+    model.compile(loss="mse")
+    x, y = _data()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=3
+    )
+    distributed = strategy.experimental_distribute_dataset(loader)
+    for call in (
+        lambda: model.fit(distributed, verbose=0),
+        lambda: model.fit(loader, validation_data=distributed, verbose=0),
+        lambda: model.evaluate(distributed, verbose=0),
+        lambda: model.predict(distributed, verbose=0),
+    ):
+        with pytest.raises(ValueError, match="were given a distributed dataset") as raised:
+            call()
+        assert "pass the dataset itself" in str(raised.value)
