@@ -118,6 +118,45 @@ def test_fit_evaluate_predict_match_one_process_on_the_global_batch(
     np.testing.assert_allclose(predicted, plain.predict(x, batch_size=BATCH, verbose=0), **TIGHT)
 
 
+@pytest.mark.timeout(60)
+def test_three_replicas_and_a_model_of_named_inputs_and_outputs(keras) -> None:  # type: ignore[no-untyped-def]
+    """Three replicas, a functional model of two named inputs and two outputs with their own
+    losses and metrics, fit called inside the scope: batches of 4, 4 and 2 rows (split 2/1/1,
+    2/1/1 and 1/1/0) give the weights, history and predictions of plain Keras."""
+    import numpy as np
+
+    def build():  # type: ignore[no-untyped-def]
+        a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+        hidden = keras.layers.Concatenate()([keras.layers.Dense(4, activation="tanh")(a), b])
+        outputs = {
+            "o1": keras.layers.Dense(2, name="o1")(hidden),
+            "o2": keras.layers.Dense(1, name="o2")(hidden),
+        }
+        return keras.Model({"a": a, "b": b}, outputs)
+
+    strategy = sj.MirroredStrategy(["cpu:0", "cpu:1", "cpu:2"])
+    with strategy.scope():
+        model = build()
+    plain = build()
+    plain.set_weights(model.get_weights())
+    rng = np.random.default_rng(2)
+    x = {"a": rng.normal(size=(10, 3)), "b": rng.normal(size=(10, 2))}
+    y = {"o1": rng.normal(size=(10, 2)), "o2": rng.normal(size=(10, 1))}
+    histories = []
+    for m in (model, plain):
+        m.compile(optimizer="adam", loss={"o1": "mse", "o2": "mae"}, metrics={"o1": ["mae"]})
+    with strategy.scope():
+        histories.append(model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0))
+    histories.append(plain.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0))
+    _assert_same_weights(model, plain)
+    assert sorted(histories[0].history) == sorted(histories[1].history)
+    for key, values in histories[1].history.items():
+        np.testing.assert_allclose(histories[0].history[key], values, **TIGHT)
+    got, expected = (m.predict(x, batch_size=4, verbose=0) for m in (model, plain))
+    for key in ("o1", "o2"):
+        np.testing.assert_allclose(got[key], expected[key], **TIGHT)
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 @pytest.mark.timeout(60)
 def test_each_replica_computes_on_its_own_rows_of_the_global_batch(keras, name) -> None:  # type: ignore[no-untyped-def]
