@@ -88,11 +88,20 @@ def instance_attribute(obj: Any, name: str, value: Any) -> Iterator[None]:
             delattr(obj, name)
 
 
-def scaled_loss(optimizer: Any, factor: float) -> contextlib.AbstractContextManager[None]:
+def scaled_loss(
+    optimizer: Any, factor: float, calls: set[str] | None = None
+) -> contextlib.AbstractContextManager[None]:
     """For one step, the loss the optimizer hands to ``backward`` is multiplied by ``factor``
-    (Keras's ``optimizer.scale_loss``, on the instance)."""
+    (Keras's ``optimizer.scale_loss``, on the instance); each call adds ``"scale_loss"`` to
+    ``calls``, if given, so that a step that never scaled its loss can be told apart."""
     original = optimizer.scale_loss
-    return instance_attribute(optimizer, "scale_loss", lambda loss: original(loss) * factor)
+
+    def scale_loss(loss: Any) -> Any:
+        if calls is not None:
+            calls.add("scale_loss")
+        return original(loss) * factor
+
+    return instance_attribute(optimizer, "scale_loss", scale_loss)
 
 
 def moving_statistics(model: keras.Model) -> list[Any]:

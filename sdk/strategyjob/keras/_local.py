@@ -52,6 +52,7 @@ from strategyjob.keras._common import (
     entry_point,
     instance_attribute,
     moving_statistics,
+    scaled_loss,
 )
 from strategyjob.keras._split import local_rows, rows_of, slice_rows
 
@@ -64,14 +65,12 @@ SEVERAL_GPUS = (
     "CUDA_VISIBLE_DEVICES), or {name} on logical CPU devices, e.g. {name}(['cpu:0', 'cpu:1'])."
 )
 
-
 NOT_SCALED = (
     "The train_step of {model} applies the gradients of a loss it did not pass through "
     "self.optimizer.scale_loss(loss), so the gradients of {strategy}'s replicas cannot be "
     "combined into the global batch's; call loss = self.optimizer.scale_loss(loss) before "
     "loss.backward() in train_step, as Keras's own train_step does."
 )
-
 
 KERAS_ELSEWHERE = (
     "Keras puts its variables and computation on {keras_device!r} (torch's default, or "
@@ -152,8 +151,8 @@ class LocalReplicasBinding:
     def _global(self, data: Any) -> Any:
         return global_input(data, self._replicas)
 
-    def _each_replica(self, fn: Callable[[int, Any], Any], data: Any) -> list[Any]:
-        """``fn(replica, rows)`` in ``strategy.run`` for each replica with rows of the batch:
+    def _each_replica(self, fn: Callable[[Any], Any], data: Any) -> list[Any]:
+        """``fn(rows)`` in ``strategy.run`` for each replica with rows of the batch (its own):
         the results in replica order, None for a replica without rows."""
         rows = rows_of(data)
         results: list[Any] = [None] * self._replicas
@@ -162,7 +161,7 @@ class LocalReplicasBinding:
             replica = int(strategyjob.get_replica_context().replica_id_in_sync_group)
             start, stop = local_rows(rows, self._replicas, replica)
             if start < stop:
-                results[replica] = fn(replica, slice_rows(data, start, stop, rows))
+                results[replica] = fn(slice_rows(data, start, stop, rows))
 
         self._strategy.run(replica_fn)
         return results
@@ -175,20 +174,12 @@ class LocalReplicasBinding:
         statistics = moving_statistics(model)
         before = [v.value.detach().clone() for v in statistics]
 
-        original_scale = optimizer.scale_loss
-
-        def train_rows(replica: int, rows: Any) -> list[torch.Tensor]:
+        def train_rows(rows: Any) -> list[torch.Tensor]:
             for v, value in zip(statistics, before):
                 v.assign(value)  # each replica's copy starts from the step's values
-            calls = set()
-            factor = rows_of(rows) / global_rows
-
-            def scale_loss(loss: Any) -> Any:
-                calls.add("scale_loss")
-                return original_scale(loss) * factor
-
+            calls: set[str] = set()
             with (
-                instance_attribute(optimizer, "scale_loss", scale_loss),
+                scaled_loss(optimizer, rows_of(rows) / global_rows, calls),
                 instance_attribute(optimizer, "apply", lambda *args, **kw: calls.add("apply")),
             ):
                 type(model).train_step(model, rows)
@@ -205,7 +196,7 @@ class LocalReplicasBinding:
         if weights:
             with torch.no_grad():
                 optimizer.apply([v.value.grad for v in weights], weights)
-        self._keep_mean(statistics, [values or before for values in after])
+        self._keep_mean(statistics, [before if values is None else values for values in after])
         return model.get_metrics_result()
 
     @staticmethod
@@ -218,13 +209,11 @@ class LocalReplicasBinding:
 
     def test_step(self, data: Any) -> dict[str, Any]:
         model = self._model
-        self._each_replica(lambda _replica, rows: type(model).test_step(model, rows), data)
+        self._each_replica(lambda rows: type(model).test_step(model, rows), data)
         return model.get_metrics_result()
 
     def predict_step(self, data: Any) -> Any:
         model = self._model
-        outputs = self._each_replica(
-            lambda _replica, rows: type(model).predict_step(model, rows), data
-        )
+        outputs = self._each_replica(lambda rows: type(model).predict_step(model, rows), data)
         present = [out for out in outputs if out is not None]
         return keras.tree.map_structure(lambda *parts: torch.cat(parts), *present)
