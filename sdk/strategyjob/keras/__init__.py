@@ -9,6 +9,13 @@ it. Keras must run on its torch backend (``KERAS_BACKEND=torch``; set by default
 What each strategy does with a bound model:
 
 * the default strategy and ``OneDeviceStrategy``: plain Keras;
+* ``MirroredStrategy`` and ``CentralStorageStrategy`` (several replicas in one process, on
+  logical CPU devices such as ``MirroredStrategy(["cpu:0", "cpu:1"])``): ``batch_size`` is the
+  global batch, each replica computes its own slice of it in ``strategy.run``, the gradient of
+  Keras's loss on the global batch is applied once, the metrics (shared by the replicas) are
+  the global figures, BatchNormalization keeps the mean of the replicas' moving statistics, and
+  ``predict`` returns every row in order (``_local``); saving is plain Keras. Several GPUs in
+  one process are refused, naming MultiWorkerMirroredStrategy with one GPU per worker;
 * ``MultiWorkerMirroredStrategy`` with one replica per worker: ``batch_size`` is the global
   batch, each worker computes its own slice, gradients are averaged over the global batch
   before the Keras optimizer applies them, metrics are summed over the workers when read, and
@@ -17,7 +24,8 @@ What each strategy does with a bound model:
   after the same batch on every worker and exits 143 (``_callbacks``, ``_preemption``);
 * ``keras.metrics`` created in a MultiWorkerMirroredStrategy's scope read their global value
   outside ``strategy.run``, and a compiled Keras model built outside every scope is refused
-  when called in one (``_watch``);
+  when called in one (``_watch``); under MirroredStrategy and CentralStorageStrategy the
+  replicas update one metric, which reads the global value;
 * any other strategy: ``compile`` / ``fit`` / ``evaluate`` / ``predict`` raise one error naming
   what is not supported and the alternative.
 

@@ -5,16 +5,21 @@ its methods up on the instance: ``fit`` calls ``self.train_step`` through its tr
 ``compute_metrics`` calls ``self.get_metrics_result``), and each calls the model's own class
 method for the real work.
 
-Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBinding`` sets:
+:func:`bind` picks the binding by strategy: none for ``OneDeviceStrategy`` (plain Keras),
+``_local.LocalReplicasBinding`` for MirroredStrategy and CentralStorageStrategy (several
+replicas in one process), a refusal naming the alternative for what cannot run exactly
+(:func:`unsupported_reason`), and for ``MultiWorkerMirroredStrategy`` (one replica per worker)
+``MultiWorkerBinding``, which sets:
 
 * ``fit`` / ``evaluate`` / ``predict`` / ``compile``: run in the strategy's scope (as TF's
   Keras does); ``fit`` also seeds torch's generator with the chief's seed for its duration, so
   that every worker shuffles (arrays, DataLoaders) into the same global batches;
 * ``train_step``: in ``strategy.run``, the worker's rows of the global batch (``_split``) go
   through the class's ``train_step`` with the loss that reaches ``backward`` scaled by
-  ``rows * workers / global_rows`` (through the optimizer's ``scale_loss``, on the instance,
-  for the step), so that the gradients ``grad_sync`` averages over the workers are those of
-  Keras's loss on the whole global batch, uneven last batch and sample weights included; a
+  ``rows * workers / global_rows`` (``_common.scaled_loss``: the optimizer's ``scale_loss``,
+  on the instance, for the step), so that the gradients ``grad_sync`` averages over the
+  workers are those of Keras's loss on the whole global batch, uneven last batch and sample
+  weights included; a
   worker with no row takes part with zero gradients and the same optimizer update; float
   non-trainable weights (BatchNormalization's moving statistics) then take the workers' mean;
 * ``test_step`` / ``predict_step``: the worker's rows; ``predict_step`` gathers the outputs
@@ -42,22 +47,29 @@ import keras
 import torch
 
 import strategyjob
-from strategyjob import _nest
 from strategyjob._reduce import ReduceOp
+from strategyjob.input.distributed import DistributedDataset
 from strategyjob.keras import _callbacks
-from strategyjob.keras._backend import check_keras_version
-from strategyjob.keras._split import local_rows
+from strategyjob.keras._common import (
+    ENTRY_POINTS,
+    entry_point,
+    moving_statistics,
+    refusal,
+    scaled_loss,
+)
+from strategyjob.keras._local import LocalReplicasBinding, local_replicas_refusal
+from strategyjob.keras._split import local_rows, rows_of, slice_rows
 from strategyjob.keras._sync_on_read import detached_copy, summed, sums_over_workers
+from strategyjob.strategies.central_storage import CentralStorageStrategy
+from strategyjob.strategies.mirrored import MirroredStrategy
 from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from strategyjob.strategies.one_device import OneDeviceStrategy
 
 __all__ = ["MultiWorkerBinding", "bind", "unsupported_reason"]
 
-_ENTRY_POINTS = ("compile", "fit", "evaluate", "predict")
-
 
 def unsupported_reason(strategy: Any) -> str | None:
-    """Why Keras ``fit`` cannot run under ``strategy`` yet (None: it can)."""
+    """Why Keras ``fit`` cannot run under ``strategy`` (None: it can)."""
     name = type(strategy).__name__
     if isinstance(strategy, MultiWorkerMirroredStrategy):
         local = len(strategy.extended.worker_devices)
@@ -68,6 +80,8 @@ def unsupported_reason(strategy: Any) -> str | None:
             "Keras fit/evaluate/predict yet; run one worker per GPU (CUDA_VISIBLE_DEVICES), "
             "or use a custom training loop with strategy.run."
         )
+    if isinstance(strategy, (MirroredStrategy, CentralStorageStrategy)):
+        return local_replicas_refusal(strategy)
     return (
         f"Keras compile/fit/evaluate/predict under {name} is not supported yet (it would not "
         "split the global batch over the replicas); use MultiWorkerMirroredStrategy (one "
@@ -82,55 +96,28 @@ def bind(model: keras.Model, strategy: Any) -> None:
         return  # one replica: plain Keras computes exactly what the strategy would
     reason = unsupported_reason(strategy)
     if reason is not None:
-        for name in _ENTRY_POINTS:
-            setattr(model, name, _refusal(reason))
+        for name in ENTRY_POINTS:
+            setattr(model, name, refusal(reason))
         return
-    MultiWorkerBinding(model, strategy).install()
+    if isinstance(strategy, MultiWorkerMirroredStrategy):
+        MultiWorkerBinding(model, strategy).install()
+    else:
+        LocalReplicasBinding(model, strategy).install()
 
 
-def _refusal(reason: str) -> Callable[..., Any]:
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(reason)
-
-    return refuse
-
-
-# --------------------------------------------------------------------- batch structure
-def _rows(data: Any) -> int:
-    """Rows of a batch: the first dimension of its first array."""
-    for leaf in _nest.flatten(data):
-        shape = getattr(leaf, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-    raise ValueError("strategyjob.keras: a batch holds no array to split over the workers.")
+DISTRIBUTED_INPUT = (
+    "Keras fit/evaluate/predict under MultiWorkerMirroredStrategy read global batches, but "
+    "they were given a distributed dataset (strategy.experimental_distribute_dataset), whose "
+    "batches on this worker are its own rows only; pass the dataset itself: each worker "
+    "computes its own rows of each of its batches."
+)
 
 
-def _slice(data: Any, start: int, stop: int, rows: int) -> Any:
-    """The rows ``[start, stop)`` of every array of the batch (others as they are)."""
-
-    def rows_of(leaf: Any) -> Any:
-        shape = getattr(leaf, "shape", None)
-        if shape is not None and len(shape) > 0 and int(shape[0]) == rows:
-            return leaf[start:stop]
-        return leaf
-
-    return _nest.map_structure(rows_of, data)
-
-
-@contextlib.contextmanager
-def _scaled_loss(optimizer: Any, factor: float) -> Iterator[None]:
-    """For one step, the loss the optimizer hands to ``backward`` is multiplied by ``factor``
-    (an attribute of this optimizer instance, removed afterwards)."""
-    own = "scale_loss" in vars(optimizer)
-    original = optimizer.scale_loss
-    optimizer.scale_loss = lambda loss: original(loss) * factor
-    try:
-        yield
-    finally:
-        if own:
-            optimizer.scale_loss = original
-        else:
-            del optimizer.scale_loss
+def _not_distributed(data: Any) -> Any:
+    """``data`` as Keras reads it; a distributed dataset is refused (:data:`DISTRIBUTED_INPUT`)."""
+    if isinstance(data, DistributedDataset):
+        raise ValueError(DISTRIBUTED_INPUT)
+    return data
 
 
 class MultiWorkerBinding:
@@ -147,8 +134,10 @@ class MultiWorkerBinding:
 
     def install(self) -> None:
         model = self._model
-        for name in ("compile", "fit", "evaluate", "predict"):
-            setattr(model, name, self._in_scope(name))
+        for name in ENTRY_POINTS:
+            fit = self._seeded_fit if name == "fit" else None
+            entry = entry_point(model, self._strategy, name, fit, inputs=_not_distributed)
+            setattr(model, name, entry)
         model.train_step = self.train_step
         model.test_step = self.test_step
         model.predict_step = self.predict_step
@@ -156,25 +145,10 @@ class MultiWorkerBinding:
         model.save = self._chief_writes("save")
         model.save_weights = self._chief_writes("save_weights")
 
-    # --- entry points -----------------------------------------------------------------------
-    def _in_scope(self, name: str) -> Callable[..., Any]:
-        method = getattr(type(self._model), name)
-
-        def in_scope(*args: Any, **kwargs: Any) -> Any:
-            check_keras_version(keras.__version__)
-            if name == "compile" and kwargs.get("jit_compile") is True:
-                raise NotImplementedError(
-                    "jit_compile=True (torch.compile) is not supported by Keras fit under "
-                    "MultiWorkerMirroredStrategy yet; compile with jit_compile=False."
-                )
-            with self._strategy.scope():
-                if name != "fit":
-                    return method(self._model, *args, **kwargs)
-                with self._same_random_order() as seed:
-                    return self._fit(method, args, kwargs, seed)
-
-        in_scope.__doc__ = method.__doc__
-        return in_scope
+    # --- entry points ---------------------------------------------------------------------
+    def _seeded_fit(self, method: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        with self._same_random_order() as seed:
+            return self._fit(method, args, kwargs, seed)
 
     def _fit(self, method: Callable[..., Any], args: tuple, kwargs: dict, seed: int) -> Any:
         """The class's ``fit`` with the callbacks of ``_callbacks``: each epoch's shuffle seeded
@@ -247,7 +221,7 @@ class MultiWorkerBinding:
         if self._worker is None:
             context = strategyjob.get_replica_context()
             self._worker = int(context.replica_id_in_sync_group)
-        rows = _rows(data)
+        rows = rows_of(data)
         start, stop = local_rows(rows, self._workers, self._worker)
         return start, stop, rows
 
@@ -275,11 +249,7 @@ class MultiWorkerBinding:
         variance) take the mean of the workers' new values, as TF's MEAN-aggregated mirrored
         variables do, so that every worker keeps the same model. One all-reduce per step,
         only for models that have such weights."""
-        weights = [
-            v
-            for v in self._model.non_trainable_weights
-            if v.value.dtype.is_floating_point and v.value.numel()
-        ]
+        weights = moving_statistics(self._model)
         if self._workers == 1 or not weights:
             return
         totals = sums_over_workers(self._collectives, [v.value for v in weights])
@@ -293,8 +263,8 @@ class MultiWorkerBinding:
             self._zero_update()
             return
         factor = (stop - start) * self._workers / rows
-        with _scaled_loss(model.optimizer, factor):
-            type(model).train_step(model, _slice(data, start, stop, rows))
+        with scaled_loss(model.optimizer, factor):
+            type(model).train_step(model, slice_rows(data, start, stop, rows))
 
     def _zero_update(self) -> None:
         """A worker with no row in this batch: zero gradients into the all-reduce (every
@@ -317,7 +287,7 @@ class MultiWorkerBinding:
         model = self._model
         start, stop, rows = self._my_rows(data)
         if start < stop:
-            type(model).test_step(model, _slice(data, start, stop, rows))
+            type(model).test_step(model, slice_rows(data, start, stop, rows))
 
     def predict_step(self, data: Any) -> Any:
         mine = self._run_locally(self._predict_my_rows, data)
@@ -327,9 +297,9 @@ class MultiWorkerBinding:
         model = self._model
         start, stop, rows = self._my_rows(data)
         if start < stop:
-            return type(model).predict_step(model, _slice(data, start, stop, rows))
+            return type(model).predict_step(model, slice_rows(data, start, stop, rows))
         # No row here: predict one to learn the outputs' shapes, keep none of it.
-        outputs = type(model).predict_step(model, _slice(data, 0, 1, rows))
+        outputs = type(model).predict_step(model, slice_rows(data, 0, 1, rows))
         return keras.tree.map_structure(lambda out: out[:0], outputs)
 
     def _gather_rows(self, output: Any) -> Any:

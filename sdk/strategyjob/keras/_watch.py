@@ -1,18 +1,22 @@
-"""What Keras does in a MultiWorkerMirroredStrategy's scope, seen through its name scopes.
+"""What Keras does in the scope of a strategy that distributes it, seen through its name scopes.
 
 Keras has no hook for variable creation, but every Keras variable is created, and every
 layer called, inside ``keras.name_scope(name, caller=obj)``, which pushes itself onto the
 ``name_scope_stack`` of Keras's (thread-local) global state. When a strategy's scope is
 entered (and at every ``run``), :func:`watch_name_scopes` makes that stack, on this thread,
-a list that reports each pushed scope's ``caller``; outside a MultiWorkerMirroredStrategy's
-scope the report does nothing. Nothing of Keras's or torch's classes is changed. It sees:
+a list that reports each pushed scope's ``caller``; outside the scope of a strategy that
+distributes Keras models the report does nothing. Nothing of Keras's or torch's classes is
+changed. It sees:
 
-* a ``keras.metrics.Metric`` creating its variables in scope: the metric is captured, and its
+* a ``keras.metrics.Metric`` creating its variables in a MultiWorkerMirroredStrategy's scope
+  (MirroredStrategy's replicas share one metric already): the metric is captured, and its
   ``result()`` read outside ``strategy.run`` gives the value over every worker (its variables
   summed, as TF's sync-on-read metric variables), while its updates stay local;
 * a compiled Keras model built outside every scope being called in scope (by ``fit`` /
-  ``evaluate`` / ``predict`` or directly): refused, since training it would repeat the whole
-  work on every worker (TensorFlow 2.21's Keras fails there too, with an ``AssertionError``).
+  ``evaluate`` / ``predict`` or directly) in the scope of MultiWorkerMirroredStrategy,
+  MirroredStrategy or CentralStorageStrategy: refused, since training it would compute each
+  whole batch on one replica, and repeat it on every worker (TensorFlow 2.21's Keras fails
+  there too, with an ``AssertionError``).
   An uncompiled one (a frozen feature extractor, say) is called as plain Keras.
 
 Tested with Keras ``_backend.MIN_KERAS`` to ``_backend.MAX_KERAS`` (``name_scope`` and its
@@ -33,10 +37,10 @@ from strategyjob.keras._sync_on_read import detached_copy, reading_summed, summe
 __all__ = ["BUILT_OUTSIDE_SCOPE", "is_captured_metric", "watch_name_scopes"]
 
 BUILT_OUTSIDE_SCOPE = (
-    "The Keras model {name!r} was built outside every strategy's scope, so "
-    "MultiWorkerMirroredStrategy does not distribute it: training or calling it in "
-    "strategy.scope() would repeat the whole work on every worker. Build the model (with its "
-    "input shape, so that its weights are created) inside `with strategy.scope():`."
+    "The Keras model {name!r} was built outside every strategy's scope, so {strategy} does "
+    "not distribute it: training or calling it in strategy.scope() would compute each whole "
+    "batch on one replica (and repeat it on every worker). Build the model (with its input "
+    "shape, so that its weights are created) inside `with strategy.scope():`."
 )
 
 _captured: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -66,23 +70,29 @@ def watch_name_scopes(strategy: Any) -> None:
 def _on_name_scope(caller: Any) -> None:
     if not strategyjob.has_strategy():
         return
+    from strategyjob.strategies.central_storage import CentralStorageStrategy
+    from strategyjob.strategies.mirrored import MirroredStrategy
     from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 
     strategy = strategyjob.get_strategy()
-    if not isinstance(strategy, MultiWorkerMirroredStrategy):
-        return
     metric_module = sys.modules.get("keras.src.metrics.metric")
     model_module = sys.modules.get("keras.src.models.model")
     if metric_module is not None and isinstance(caller, metric_module.Metric):
-        _capture_metric(caller, strategy)
+        if isinstance(strategy, MultiWorkerMirroredStrategy):
+            _capture_metric(caller, strategy)
     elif (
         model_module is not None
         and isinstance(caller, model_module.Model)
+        and isinstance(
+            strategy, (MultiWorkerMirroredStrategy, MirroredStrategy, CentralStorageStrategy)
+        )
         and caller.built
         and getattr(caller, "compiled", False)
         and strategy_of(caller) is None
     ):
-        raise RuntimeError(BUILT_OUTSIDE_SCOPE.format(name=caller.name))
+        raise RuntimeError(
+            BUILT_OUTSIDE_SCOPE.format(name=caller.name, strategy=type(strategy).__name__)
+        )
 
 
 def is_captured_metric(metric: Any) -> bool:

@@ -1,6 +1,7 @@
 """Keras models built in a strategy's scope, in one process with real Keras (torch backend):
-which strategies bind them, the errors for those not supported yet, and the split arithmetic.
-The 2-worker training itself: tests/multiprocess/test_keras_mwms.py."""
+which strategies bind them, the errors, and the split arithmetic. The 2-worker training itself:
+tests/multiprocess/test_keras_mwms.py; several replicas in one process:
+test_keras_local_replicas.py."""
 
 from __future__ import annotations
 
@@ -82,25 +83,6 @@ def test_model_built_outside_every_scope_is_plain_keras(keras) -> None:  # type:
     assert "train_step" not in vars(model)
 
 
-@pytest.mark.parametrize(
-    "make, name",
-    [
-        (lambda: sj.MirroredStrategy(["cpu:0", "cpu:1"]), "MirroredStrategy"),
-        (lambda: sj.CentralStorageStrategy(["cpu:0", "cpu:1"]), "CentralStorageStrategy"),
-    ],
-)
-def test_strategies_not_supported_yet_refuse_compile_and_fit(keras, make, name) -> None:  # type: ignore[no-untyped-def]
-    with make().scope():
-        model = _model(keras)
-    x, y = _data()
-    for call in (lambda: model.compile(loss="mse"), lambda: model.fit(x, y, verbose=0)):
-        with pytest.raises(NotImplementedError) as raised:
-            call()
-        message = str(raised.value)
-        assert f"under {name} is not supported yet" in message
-        assert "use MultiWorkerMirroredStrategy" in message
-
-
 @pytest.mark.parametrize("data", ["steps_per_epoch", "own_generator", "python_generator"])
 def test_a_mid_epoch_backup_is_refused_when_an_epoch_may_draw_other_rows(
     keras, tmp_path, data
@@ -178,13 +160,24 @@ def test_a_mid_epoch_backup_resumes_at_its_batch_in_one_worker(keras, tmp_path) 
     assert not (tmp_path / "backup").exists()
 
 
-def test_a_model_built_outside_every_scope_is_refused_when_fit_in_one(keras) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: sj.MultiWorkerMirroredStrategy(),
+        lambda: sj.MirroredStrategy(["cpu:0", "cpu:1"]),
+        lambda: sj.CentralStorageStrategy(["cpu:0", "cpu:1"]),
+    ],
+)
+def test_a_model_built_outside_every_scope_is_refused_when_fit_in_one(keras, make) -> None:  # type: ignore[no-untyped-def]
+    """It would compute each whole batch on one replica: refused, naming the strategy."""
     model = _model(keras)
     model.compile(loss="mse")
     x, y = _data()
-    with sj.MultiWorkerMirroredStrategy().scope():
-        with pytest.raises(RuntimeError, match="was built outside every strategy's scope"):
+    strategy = make()
+    with strategy.scope():
+        with pytest.raises(RuntimeError, match="was built outside every strategy's scope") as e:
             model.fit(x, y, verbose=0)
+    assert f"so {type(strategy).__name__} does not distribute it" in str(e.value)
     model.fit(x, y, verbose=0)  # outside every scope: plain Keras, as before
 
 
@@ -252,13 +245,38 @@ def test_a_batch_is_sliced_in_every_array_it_holds(keras) -> None:  # type: igno
     """Dicts, tuples and lists of inputs, targets and sample weights: every array whose first
     dimension is the batch's rows is cut; None and other values pass as they are."""
     import torch
-    from strategyjob.keras import _binding
+    from strategyjob.keras._split import rows_of, slice_rows
 
     batch = ({"a": torch.arange(6).reshape(3, 2), "b": torch.arange(3)}, [torch.ones(3)], None)
-    assert _binding._rows(batch) == 3
-    (x, y, weights) = _binding._slice(batch, 1, 3, 3)
+    assert rows_of(batch) == 3
+    (x, y, weights) = slice_rows(batch, 1, 3, 3)
     assert x["a"].tolist() == [[2, 3], [4, 5]] and x["b"].tolist() == [1, 2]
     assert y[0].tolist() == [1.0, 1.0] and weights is None
-    assert _binding._slice((torch.zeros(5), torch.zeros(2)), 0, 1, 5)[1].shape == (2,)
+    assert slice_rows((torch.zeros(5), torch.zeros(2)), 0, 1, 5)[1].shape == (2,)
     with pytest.raises(ValueError, match="holds no array"):
-        _binding._rows((None, 3))
+        rows_of((None, 3))
+
+
+def test_a_distributed_dataset_is_refused_under_multi_worker_mirrored(keras) -> None:  # type: ignore[no-untyped-def]
+    """Its batches on a worker are that worker's rows only, not the global batches that fit
+    splits: refused, saying to pass the dataset itself."""
+    import torch
+
+    strategy = sj.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = _model(keras)
+    model.compile(loss="mse")
+    x, y = _data()
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.as_tensor(x), torch.as_tensor(y)), batch_size=3
+    )
+    distributed = strategy.experimental_distribute_dataset(loader)
+    for call in (
+        lambda: model.fit(distributed, verbose=0),
+        lambda: model.fit(loader, validation_data=distributed, verbose=0),
+        lambda: model.evaluate(distributed, verbose=0),
+        lambda: model.predict(distributed, verbose=0),
+    ):
+        with pytest.raises(ValueError, match="were given a distributed dataset") as raised:
+            call()
+        assert "pass the dataset itself" in str(raised.value)
