@@ -1,6 +1,6 @@
-"""``tf.summary.SummaryWriter``: event files TensorBoard reads. Records are written with
-``tensorboardX``'s record writer (the length and data checksums, masked CRC32C, that
-TensorBoard checks) and its protocol buffers; the summaries themselves are TensorFlow 2's
+"""``tf.summary.SummaryWriter``: event files TensorBoard reads, as TFRecords (each event
+framed by its length and masked CRC32C checksums, computed by ``tensorboardX``) of
+``tensorboardX``'s ``Event`` protocol buffers; the summaries themselves are TensorFlow 2's
 (a tensor with its plugin's metadata), so TensorBoard shows them as it shows
 ``tf.summary``'s."""
 
@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import socket
+import struct
 import threading
 import time
 import warnings
@@ -81,7 +82,6 @@ class _FileWriter(SummaryWriter):
 
     def __init__(self, logdir: str, max_queue: int, flush_secs: float, suffix: str) -> None:
         from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.record_writer import RecordWriter
 
         os.makedirs(logdir, exist_ok=True)
         name = (
@@ -90,11 +90,9 @@ class _FileWriter(SummaryWriter):
         )
         self.logdir = logdir
         self.path = os.path.join(logdir, name)
-        self._records = RecordWriter(self.path)
+        self._file = open(self.path, "ab")
         first = Event(wall_time=time.time(), file_version="brain.Event:2")
-        self._records.write(first.SerializeToString())
-        self._records.flush()
-        self._queue: list[bytes] = []
+        self._queue: list[bytes] = [first.SerializeToString()]
         self._max_queue = max(1, max_queue)
         self._flush_secs = flush_secs
         self._flushed_at = time.monotonic()
@@ -104,23 +102,34 @@ class _FileWriter(SummaryWriter):
         _OPEN.add(self)
 
     def flush(self) -> None:
+        """Write the queue and hand the file to the disk (``fsync``)."""
         with self._lock:
-            self._write_queue()
+            self._write_queue(sync=True)
 
-    def _write_queue(self) -> None:
+    def _write_queue(self, sync: bool = False) -> None:
+        """Append the queued events as TFRecords: the length and its masked CRC32C, the
+        event and its masked CRC32C (what TensorBoard's reader checks)."""
         if self._closed:
             return
+        from tensorboardX.record_writer import masked_crc32c
+
+        chunks = []
         for record in self._queue:
-            self._records.write(record)
+            header = struct.pack("<Q", len(record))
+            chunks += [header, struct.pack("<I", masked_crc32c(header))]
+            chunks += [record, struct.pack("<I", masked_crc32c(record))]
+        self._file.write(b"".join(chunks))
         self._queue.clear()
-        self._records.flush()
+        self._file.flush()  # to the OS: a reader sees it, a crash of the process loses none
+        if sync:
+            os.fsync(self._file.fileno())
         self._flushed_at = time.monotonic()
 
     def close(self) -> None:
         with self._lock:
             if not self._closed:
-                self._write_queue()
-                self._records.close()
+                self._write_queue(sync=True)
+                self._file.close()
                 self._closed = True
 
     def write(self, tag: str, value: Any, step: int) -> bool:
