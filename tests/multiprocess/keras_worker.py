@@ -217,8 +217,14 @@ def batch_norm(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
             [keras.Input((FEATURES,)), keras.layers.BatchNormalization(), keras.layers.Dense(2)]
         )
     model.compile(optimizer="sgd", loss="mse")
-    model.fit(x, x[:, :2], batch_size=8, epochs=2, shuffle=False, verbose=0)
-    return {"bn_weights": [w.tolist() for w in model.get_weights()]}
+    # Keras's TensorBoard callback on every worker, into one directory (it writes through
+    # strategyjob.summary: the chief alone)
+    board = keras.callbacks.TensorBoard(os.environ["KERAS_TENSORBOARD_DIR"], write_graph=False)
+    history = model.fit(
+        x, x[:, :2], batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[board]
+    )
+    weights = [w.tolist() for w in model.get_weights()]
+    return {"bn_weights": weights, "bn_loss": history.history["loss"]}
 
 
 def main() -> None:

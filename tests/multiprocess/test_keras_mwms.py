@@ -33,8 +33,8 @@ TIGHT = dict(rel=1e-5, abs=1e-6)
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``shared/``: storage both workers write to; ``tmp/``: their TMPDIR."""
     root = tmp_path_factory.mktemp("keras")
-    (root / "shared").mkdir()
-    (root / "tmp").mkdir()
+    for name in ("shared", "tmp", "tensorboard"):
+        (root / name).mkdir()
     return root
 
 
@@ -44,6 +44,7 @@ def results(scratch: Path) -> list[dict]:
         "KERAS_BACKEND": "torch",
         "KERAS_SAVE_DIR": str(scratch / "shared"),
         "TMPDIR": str(scratch / "tmp"),
+        "KERAS_TENSORBOARD_DIR": str(scratch / "tensorboard"),
     }
     runs = run_tasks([sys.executable, str(WORKER)], cluster_of(2), timeout=120, extra_env=env)
     for run in runs:
@@ -131,6 +132,26 @@ def test_moving_statistics_stay_the_same_on_every_worker(results: list[dict]) ->
     assert chief["bn_weights"] == other["bn_weights"]
     moving_mean = chief["bn_weights"][2]
     assert any(value != 0.0 for value in moving_mean)  # they were updated
+
+
+@pytest.mark.timeout(150)
+def test_keras_tensorboard_is_written_by_the_chief_alone_with_the_global_loss(
+    results: list[dict], scratch: Path
+) -> None:
+    """Both workers ran ``fit`` with a ``TensorBoard`` callback into one directory: one event
+    file, the chief's, whose epoch curve is the history both workers report."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    chief, other = results
+    assert chief["bn_loss"] == other["bn_loss"]
+    (event_file,) = (scratch / "tensorboard" / "train").iterdir()
+    assert event_file.name.startswith("events.out.tfevents.")
+    events = EventAccumulator(str(event_file.parent), size_guidance={"tensors": 0})
+    events.Reload()
+    curve = [float(tensor_util.make_ndarray(e.tensor_proto)) for e in events.Tensors("epoch_loss")]
+    assert curve == pytest.approx(chief["bn_loss"], rel=1e-6)
 
 
 @pytest.mark.timeout(200)

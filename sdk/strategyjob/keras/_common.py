@@ -11,6 +11,7 @@ from typing import Any
 import keras
 
 from strategyjob.keras._backend import check_keras_version
+from strategyjob.keras._tensorboard import through_strategyjob_summary
 
 __all__ = [
     "ENTRY_POINTS",
@@ -48,12 +49,16 @@ def entry_point(
         check_keras_version(keras.__version__)
         if name == "compile" and kwargs.get("jit_compile") is True:
             raise NotImplementedError(JIT_COMPILE.format(strategy=type(strategy).__name__))
-        if inputs is not None and name != "compile":
+        if name != "compile":
             bound = inspect.signature(method).bind(model, *args, **kwargs)
-            for key in ("x", "validation_data"):
-                if key in bound.arguments:
-                    bound.arguments[key] = inputs(bound.arguments[key])
-            args, kwargs = bound.args[1:], bound.kwargs
+            callbacks = bound.arguments.get("callbacks")
+            if isinstance(callbacks, (list, tuple)):  # a CallbackList is Keras's own
+                through_strategyjob_summary(callbacks, strategy)
+            if inputs is not None:
+                for key in ("x", "validation_data"):
+                    if key in bound.arguments:
+                        bound.arguments[key] = inputs(bound.arguments[key])
+                args, kwargs = bound.args[1:], bound.kwargs
         with strategy.scope():
             if call is None:
                 return method(model, *args, **kwargs)
