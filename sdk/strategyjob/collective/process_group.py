@@ -11,7 +11,8 @@ waited for in short slices; between slices the peers' liveness listeners are pro
 connect: refused means the process is gone), so a dead peer ends the step with
 ``UnavailableError("cluster check alive failed, /job:worker/replica:0/task:1 is down")``
 (TensorFlow's message) and a stuck one with ``DeadlineExceededError`` after
-``CommunicationOptions.timeout_seconds`` naming the peers that did not arrive — never a hang.
+``CommunicationOptions.timeout_seconds`` (without it, after the job's stuck-peer bound,
+``collective.stuck``) naming the peers that did not arrive — never a hang.
 While waiting (in the rendezvous or a slow collective) a task says every few seconds whom it
 waits for (``collective.waiting``).
 """
