@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import strategyjob as sj
@@ -251,12 +252,9 @@ def scenario_train() -> dict:
     }
 
 
-def scenario_peer_dies() -> dict:
-    """The last task dies after the first step; the others must get a clear error in time."""
-    timeout = float(os.environ.get("MWMS_TEST_TIMEOUT", "10"))
-    strategy = make_strategy(timeout)
-    ext = strategy.extended
-    victim = int(os.environ.get("MWMS_TEST_VICTIM", ext._num_workers - 1))
+def linear_step(strategy: sj.MultiWorkerMirroredStrategy) -> Callable[[], torch.Tensor]:
+    """A training step of a one-layer model made in ``strategy``'s scope (its gradient
+    all-reduce is the collective the fault scenarios stop in)."""
     with strategy.scope():
         model = nn.Linear(8, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -267,6 +265,17 @@ def scenario_peer_dies() -> dict:
         loss.backward()
         opt.step()
         return loss
+
+    return step_fn
+
+
+def scenario_peer_dies() -> dict:
+    """The last task dies after the first step; the others must get a clear error in time."""
+    timeout = float(os.environ.get("MWMS_TEST_TIMEOUT", "10"))
+    strategy = make_strategy(timeout)
+    ext = strategy.extended
+    victim = int(os.environ.get("MWMS_TEST_VICTIM", ext._num_workers - 1))
+    step_fn = linear_step(strategy)
 
     strategy.run(step_fn)
     strategy.reduce("SUM", torch.tensor(1.0), axis=None)  # everyone passed step 1
@@ -303,6 +312,35 @@ def scenario_peer_dies() -> dict:
     if mode == "frozen":  # the frozen victim cannot end itself
         os.kill(int(Path(os.environ["MWMS_TEST_VICTIM_PID"]).read_text()), signal.SIGKILL)
     return {"error": error, "seconds": seconds, "timeout": timeout}
+
+
+def scenario_pauses() -> dict:
+    """No ``timeout_seconds``: the last task pauses outside collectives before the steps that
+    ``MWMS_TEST_PAUSES`` names (``step:seconds,...``); the adaptive stuck-peer bound decides
+    whether the others end the collective. Wall-clock times, so the test can compare tasks."""
+    strategy = make_strategy(None)
+    ext = strategy.extended
+    pauses = {
+        int(step): float(seconds)
+        for step, seconds in (p.split(":") for p in os.environ["MWMS_TEST_PAUSES"].split(","))
+    }
+    victim = ext._worker_index == ext._num_workers - 1
+    step_fn = linear_step(strategy)
+
+    paused_at: list[float] = []
+    error = None
+    steps = 0
+    try:
+        for step in range(int(os.environ.get("MWMS_TEST_STEPS", "40"))):
+            if victim and step in pauses:
+                paused_at.append(time.time())
+                time.sleep(pauses[step])
+            strategy.run(step_fn)
+            strategy.reduce("SUM", torch.tensor(1.0), axis=None)
+            steps += 1
+    except (errors.UnavailableError, errors.DeadlineExceededError) as e:
+        error = {"type": type(e).__name__, "message": str(e)}
+    return {"error": error, "ended_at": time.time(), "paused_at": paused_at, "steps": steps}
 
 
 if __name__ == "__main__":

@@ -222,3 +222,61 @@ def test_stuck_peer_ends_in_deadline_exceeded_naming_it():
             for line in lines
         ), lines
         assert 2 <= len(lines) <= 4, lines  # every second until the 4 s timeout
+
+
+#: The adaptive stuck-peer bound, made small: max(4 s, 4 x the longest pause seen so far).
+_STUCK_KNOBS = {"STRATEGYJOB_STUCK_PEER_SECONDS": "4", "STRATEGYJOB_STUCK_PEER_FACTOR": "4"}
+
+
+def _run_with_pauses(pauses: str) -> list:
+    """Three workers without timeout_seconds, the last one pausing as ``pauses`` says
+    (``step:seconds,...``); every process ended by itself."""
+    env = {"MWMS_TEST_PAUSES": pauses, **_STUCK_KNOBS}
+    runs = run_cluster("pauses", cluster_of(3), timeout=120, extra_env=env)
+    for run in runs:
+        assert run.returncode == 0, run.output[-4000:]
+    return runs
+
+
+@pytest.mark.timeout(150)
+def test_stuck_peer_without_timeout_seconds_ends_within_the_adaptive_bound():
+    # No timeout_seconds: worker 2 stops reaching collectives after 25 steps (50+ collectives,
+    # history enough). Both others end with the same verdict naming it, 4 s after it stalled
+    # (the floor: the steps' pauses are far shorter), not after 30 minutes; neither blames
+    # the other, though the first to decide exits first (the verdict is shared).
+    stalled = "/job:worker/replica:0/task:2"
+    runs = _run_with_pauses("25:20")
+    (stalled_at,) = runs[2].result["paused_at"]
+    messages = set()
+    for survivor in runs[:2]:
+        error = survivor.result["error"]
+        assert error is not None and error["type"] == "DeadlineExceededError", error
+        assert survivor.result["steps"] == 25
+        messages.add(error["message"])
+    (message,) = messages  # one verdict, taken up by both
+    verdict = re.match(
+        rf"Collective gradient all-reduce did not complete: Not arrived: {stalled} \(not in a "
+        r"collective for (\d+) s\), longer than this job's stuck-peer bound of (\d+) s, the "
+        r"larger of STRATEGYJOB_STUCK_PEER_SECONDS \(4 s\) and STRATEGYJOB_STUCK_PEER_FACTOR "
+        r"\(4\) x the longest time a worker spent outside collectives so far \(\d+\.\d s\)\. ",
+        message,
+    )
+    assert verdict, message
+    bound = int(verdict.group(2))  # 4 s unless a step of the loaded machine took over 1 s
+    assert 4 <= bound <= int(verdict.group(1)) < bound + 2, message
+    for survivor in runs[:2]:
+        after = survivor.result["ended_at"] - stalled_at
+        print(f"{survivor.task}: ended {after:.1f} s after the stall (bound {bound} s)")
+        assert bound <= after < bound + 4, after
+    assert "/task:0" not in message and "/task:1" not in message
+    assert "raise STRATEGYJOB_STUCK_PEER_SECONDS" in message
+
+
+@pytest.mark.timeout(150)
+def test_pause_within_the_adaptive_bound_does_not_end_the_job():
+    # Worker 2 pauses 1.5 s at step 10 (the job's history: the bound becomes max(4, 4 x 1.5)
+    # = 6 s), then 4.5 s at step 30: longer than the floor, which alone would be a verdict,
+    # but within what the job's history allows, so the job runs to its end.
+    for run in _run_with_pauses("10:1.5,30:4.5"):
+        assert run.result["error"] is None, run.result
+        assert run.result["steps"] == 40

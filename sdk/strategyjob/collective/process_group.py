@@ -11,7 +11,8 @@ waited for in short slices; between slices the peers' liveness listeners are pro
 connect: refused means the process is gone), so a dead peer ends the step with
 ``UnavailableError("cluster check alive failed, /job:worker/replica:0/task:1 is down")``
 (TensorFlow's message) and a stuck one with ``DeadlineExceededError`` after
-``CommunicationOptions.timeout_seconds`` naming the peers that did not arrive — never a hang.
+``CommunicationOptions.timeout_seconds`` (without it, after the job's stuck-peer bound,
+``collective.stuck``) naming the peers that did not arrive — never a hang.
 While waiting (in the rendezvous or a slow collective) a task says every few seconds whom it
 waits for (``collective.waiting``).
 """
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from strategyjob import _names, errors
-from strategyjob.collective import _torch_internals, waiting
+from strategyjob.collective import _torch_internals, stuck, waiting
 from strategyjob.collective.options import CommunicationImplementation, CommunicationOptions
 from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffers
 
@@ -61,7 +62,8 @@ _RENDEZVOUS_POLL_SECONDS = 0.1
 #: or pod gone: connections time out or find no route) counts as down, as a refused connection
 #: (its process exited) does at once. TensorFlow's collective health check gives up after about
 #: as long. A peer that answers but never joins a collective (stuck, or running other code) is
-#: only caught by ``CommunicationOptions.timeout_seconds`` (default 30 minutes).
+#: caught by ``CommunicationOptions.timeout_seconds``, else by the job's stuck-peer bound
+#: (``collective.stuck``; 30 minutes until the job has some history).
 UNRESPONSIVE_PEER_SECONDS = 30.0
 #: Environment variable overriding :data:`UNRESPONSIVE_PEER_SECONDS`.
 ENV_UNRESPONSIVE_PEER_SECONDS = _names.ENV_UNRESPONSIVE_PEER_SECONDS
@@ -69,6 +71,13 @@ ENV_UNRESPONSIVE_PEER_SECONDS = _names.ENV_UNRESPONSIVE_PEER_SECONDS
 _DIAGNOSE_SECONDS = 3.0
 _PROBE_TIMEOUT_SECONDS = 2.0
 _KEY_PREFIX = "strategyjob/"
+#: Store keys of a stuck-peer verdict: the first worker to reach one publishes it, the other
+#: waiting workers raise the same one (acknowledging it) rather than find the publisher
+#: gone a moment later and blame it.
+_VERDICT_KEY = f"{_KEY_PREFIX}stuck/verdict"
+_VERDICT_ACK_KEY = f"{_KEY_PREFIX}stuck/acks"
+#: How long the publisher of a verdict waits for the other waiting workers to take it up.
+_VERDICT_ACK_SECONDS = 5.0
 #: CPU tensors from this size on are all-reduced out of place by a ring of gloo sends and
 #: receives (no copy of the input). Its reduce-scatter half moves segments of about
 #: ``_RING_SEGMENT_BYTES`` so that summing one segment overlaps receiving the next; each
@@ -177,6 +186,14 @@ def _timeout_seconds(options: CommunicationOptions) -> float:
     return float(options.timeout_seconds) if options.timeout_seconds else DEFAULT_TIMEOUT_SECONDS
 
 
+def _stuck_policy(
+    options: CommunicationOptions, policy: stuck.StuckPolicy | None
+) -> stuck.StuckPolicy | None:
+    """The stuck-peer policy of collectives run with ``options``: none when the user bounds
+    them with ``timeout_seconds``."""
+    return None if options.timeout_seconds else policy
+
+
 def _rendezvous_seconds() -> float:
     """Not ``timeout_seconds``, which bounds collectives (as in TensorFlow): the rendezvous
     waits for pods to be scheduled and started, which takes as long as it takes."""
@@ -205,12 +222,30 @@ class _LivenessListener:
     def __init__(self) -> None:
         #: (the collective this process waits in, "" for none; since when, monotonic)
         self.doing: tuple[str, float] = ("", time.monotonic())
+        #: Collectives completed, and the longest time outside collectives between two of
+        #: them (before the first one it was starting up, which says nothing of its steps).
+        self.completed = 0
+        self.longest = 0.0
+        self.left_at = self.doing[1]  # when the last collective completed
         if socket.has_dualstack_ipv6():
             self._sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
             self._sock = socket.create_server(("", 0))
         self.port = self._sock.getsockname()[1]
         threading.Thread(target=self._serve, name="strategyjob-liveness", daemon=True).start()
+
+    def entered(self, what: str, now: float) -> None:
+        """This process waits in collective ``what`` from ``now`` on."""
+        collective, since = self.doing
+        if not collective and self.completed and now - since > self.longest:
+            self.longest = now - since
+        self.doing = (what, now)
+
+    def left(self, now: float) -> None:
+        """A collective completed at ``now``; this process is in none."""
+        self.entered("", now)
+        self.completed += 1
+        self.left_at = now
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -224,7 +259,7 @@ class _LivenessListener:
             except OSError:
                 return
             collective, since = self.doing
-            activity = waiting.Activity(collective, time.monotonic() - since)
+            activity = waiting.Activity(collective, time.monotonic() - since, self.longest)
             with contextlib.suppress(OSError), conn:
                 conn.sendall(_ALIVE + activity.encode())
 
@@ -375,6 +410,8 @@ class CollectiveGroup:
         self._dist_group: Any = None  # the torch group of the collectives (None: default)
         self._gather_order: list[int] | None = None  # group ranks in worker order (None: same)
         self._unresponsive = _unresponsive_seconds()
+        self._stuck_policy = stuck.policy_from_env()  # refused here, before the rendezvous
+        self._stuck = _stuck_policy(options, self._stuck_policy)
         self._report_seconds = waiting.positive_seconds(
             waiting.ENV_WAITING_REPORT_SECONDS, waiting.DEFAULT_REPORT_SECONDS
         )
@@ -545,6 +582,7 @@ class CollectiveGroup:
         view.options = options
         view._timeout = _timeout_seconds(options)
         view._poll = datetime.timedelta(seconds=min(_POLL_SECONDS, view._timeout / 4))
+        view._stuck = _stuck_policy(options, self._stuck_policy)
         return view
 
     def over(self, sub_group: Any, workers: Sequence[int] | None = None) -> CollectiveGroup:
@@ -623,11 +661,65 @@ class CollectiveGroup:
 
     def _not_arrived(self, what: str) -> dict[str, waiting.Activity]:
         """The peers of this group's collectives that say they are not waiting in ``what``."""
+        return waiting.not_arrived(self._activities(), what)
+
+    def _activities(self) -> dict[str, waiting.Activity | None]:
+        """What each peer of this group's collectives says it is doing, by task name."""
         members = self._peers.keys()
         if self._dist_group is not None:  # a sub-group: only its members take part
             members = set(dist.get_process_group_ranks(self._dist_group)) & set(members)
-        activities = {self.task_name(r): _activity(self._peers[r]) for r in sorted(members)}
-        return waiting.not_arrived(activities, what)
+        return {self.task_name(r): _activity(self._peers[r]) for r in sorted(members)}
+
+    def _stuck_verdict(self, what: str) -> errors.DeadlineExceededError | None:
+        """The stuck-peer verdict on collective ``what`` (``collective.stuck``), if one is
+        reached, by this worker or (published in the store) by another one."""
+        policy = self._stuck
+        if policy is None or self._listener.completed < policy.min_collectives:
+            return None
+        # The peers left the last collective when this worker did: none has been outside
+        # collectives for the floor yet (no probe, no store call on an ordinary slow wait).
+        if time.monotonic() - self._listener.left_at < policy.floor:
+            return None
+        published = self._published_verdict()
+        if published is not None:
+            return errors.DeadlineExceededError(published)
+        activities = self._activities()
+        said = [a for a in activities.values() if a is not None]
+        longest = max([self._listener.longest] + [a.longest for a in said])
+        bound = policy.bound(self._listener.completed, longest)
+        if bound is None:
+            return None
+        found = stuck.culprits(waiting.not_arrived(activities, what), bound)
+        if not found:
+            return None
+        message = stuck.verdict(what, found, bound, policy, longest)
+        waiters = sum(a.collective == what for a in said)
+        return errors.DeadlineExceededError(self._publish_verdict(message, waiters))
+
+    def _published_verdict(self) -> str | None:
+        """The verdict another worker published (acknowledged), if any."""
+        with contextlib.suppress(RuntimeError, OSError):
+            if self._store.check([_VERDICT_KEY]):
+                self._store.add(_VERDICT_ACK_KEY, 1)
+                return self._store.get(_VERDICT_KEY).decode().partition("\n")[2]
+        return None
+
+    def _publish_verdict(self, message: str, waiters: int) -> str:
+        """Publish ``message`` unless another worker's verdict came first (that one is
+        taken up and returned), and wait until the ``waiters`` other waiting workers have
+        taken it up: were this process gone before they looked, they would blame it."""
+        try:
+            mine = f"{self.membership.rank}\n{message}"  # two may word it alike
+            published = self._store.compare_set(_VERDICT_KEY, "", mine).decode()
+            if published != mine:  # another worker decided at the same moment
+                self._store.add(_VERDICT_ACK_KEY, 1)
+                return published.partition("\n")[2]
+            deadline = time.monotonic() + _VERDICT_ACK_SECONDS
+            while self._store.add(_VERDICT_ACK_KEY, 0) < waiters and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except (RuntimeError, OSError):  # the store's host is gone: say it all the same
+            pass
+        return message
 
     def check(self) -> None:
         """Raise the error that broke the group, if any: later collectives would hang."""
@@ -646,19 +738,23 @@ class CollectiveGroup:
                 work.wait()  # returns at once; raises the work's error, if any
             except RuntimeError as e:
                 raise self._diagnose(e, what) from e
-            self._listener.doing = ("", time.monotonic())
+            self._listener.left(time.monotonic())
             return
         start = time.monotonic()
-        self._listener.doing = (what, start)  # what peers probing us learn (_not_arrived)
+        self._listener.entered(what, start)  # what peers probing us learn (_not_arrived)
         reporter = waiting.Reporter(self._report_seconds, start)
         try:
             while True:
                 try:
                     work.wait(self._poll)
+                    self._listener.left(time.monotonic())
                     return
                 except RuntimeError as e:
                     if not _is_poll_timeout(e):
                         raise self._diagnose(e, what) from e
+                verdict = self._stuck_verdict(what)
+                if verdict is not None:
+                    raise self._fail(verdict)
                 dead = self.dead_peers()
                 if dead:
                     raise self._fail(self._unavailable(dead, what))

@@ -83,20 +83,22 @@ def rendezvous_line(own: str, missing: Sequence[str], seconds: float, timeout: f
 @dataclass(frozen=True)
 class Activity:
     """What a process is doing, as its liveness listener says: waiting in ``collective``
-    (empty: in none) for ``seconds``."""
+    (empty: in none) for ``seconds``; ``longest``: the longest it has been outside collectives
+    between two of them so far (the history ``collective.stuck`` judges by)."""
 
     collective: str
     seconds: float
+    longest: float = 0.0
 
     def encode(self) -> bytes:
-        return f"{self.collective}\t{self.seconds:.1f}".encode()
+        return f"{self.collective}\t{self.seconds:.1f}\t{self.longest:.1f}".encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Activity | None:
-        """None for what an older listener or a half-read answer says."""
-        collective, sep, seconds = data.decode(errors="replace").partition("\t")
+        """None for a half-read or garbled answer; an older listener's has no ``longest``."""
+        collective, *numbers = data.decode(errors="replace").split("\t")
         try:
-            return cls(collective, float(seconds)) if sep else None
+            return cls(collective, *map(float, numbers)) if 1 <= len(numbers) <= 2 else None
         except ValueError:
             return None
 
