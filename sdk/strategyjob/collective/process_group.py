@@ -647,17 +647,28 @@ class CollectiveGroup:
         )
 
     def _deadline(self, what: str) -> errors.DeadlineExceededError:
-        absent = self._not_arrived(what)
+        """``CommunicationOptions.timeout_seconds`` ran out: the verdict naming the peers
+        that did not arrive, shared with the other waiting workers as a stuck-peer verdict is
+        (:meth:`_publish_verdict`), so that none of them blames this one for leaving."""
+        activities = self._activities()
+        absent = waiting.not_arrived(activities, what)
         if absent:
             peers = ", ".join(f"{name} ({a.describe()})" for name, a in absent.items())
             who = f"Not arrived: {peers}. A peer that is alive but not in it is stuck or"
         else:
             who = "Every peer is alive, so one is stuck or"
-        return errors.DeadlineExceededError(
+        message = (
             f"Collective {what} did not complete within {self._timeout:g} seconds "
             f"(CommunicationOptions.timeout_seconds). {who} running different code (all "
             "workers must issue the same collectives in the same order)."
         )
+        # Through the store only while its host answers (itself, or a live listener): a frozen
+        # host would hold the call for the store's timeout, the rendezvous's.
+        host = self.task_name(0)
+        if self.membership.rank != 0 and activities.get(host) is None:
+            return errors.DeadlineExceededError(message)
+        waiters = sum(a is not None and a.collective == what for a in activities.values())
+        return errors.DeadlineExceededError(self._publish_verdict(message, waiters))
 
     def _not_arrived(self, what: str) -> dict[str, waiting.Activity]:
         """The peers of this group's collectives that say they are not waiting in ``what``."""
