@@ -193,7 +193,16 @@ def test_a_ps_that_never_starts_fails_the_chief_naming_it(tmp_path):
         launch.stop()
     summary = launch.text[-2]
     assert ": chief-0 exited with code 1: strategyjob.errors.UnavailableError: " in summary
-    assert PS0 in summary, summary
+    assert f"{PS0} is unavailable (DEADLINE_EXCEEDED: no answer within 4 s of waiting" in summary
+    assert (
+        "[chief-0] strategyjob.errors.UnavailableError: "
+        + (
+            f"{PS0} is unavailable (DEADLINE_EXCEEDED: no answer within 4 s of waiting for it to "
+            "start, STRATEGYJOB_PS_CONNECT_TIMEOUT; check that it runs and listens there (its "
+            f"log)). GRPC error information from remote target {PS0}"
+        )
+        in launch.text
+    ), launch.text
     took = launch.wait_line(summary, 1) - launch.lines[0][0]
     print(f"ps never starts: {summary}, {took:.1f} s after the start")
     assert took < 45
