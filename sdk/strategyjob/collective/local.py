@@ -11,9 +11,12 @@ in a merge call, then replica 1, and so on, which keeps random draws and side ef
 deterministic.
 
 Failure handling: an exception in any replica (or in ``merge_fn``) releases the paused replicas
-and is re-raised in the caller; replicas that disagree on the number of merge calls end the run
-with TensorFlow's error; with a timeout, replicas that do not all reach a merge call in time end
-it with ``DeadlineExceededError``.
+and is re-raised in the caller, as TensorFlow re-raises a replica thread's error in the main
+thread, with a note naming the replica it came from; replicas that disagree on the number of
+merge calls end the run with TensorFlow's error; with a timeout, replicas that do not all reach a
+merge call in time end it with ``DeadlineExceededError``. An exception of the calling thread's
+own (Ctrl-C's ``KeyboardInterrupt``) ends the run at once: a replica still computing is left
+behind (a daemon thread) instead of awaited, so that Ctrl-C stops the program promptly.
 """
 
 from __future__ import annotations
@@ -186,7 +189,17 @@ def _replica_main(
         pass
     except BaseException as exc:  # re-raised in the calling thread
         error = exc
+        _name_replica(exc, context, replica.local_id, len(group.replicas))
     group.finish(replica, result, error)
+
+
+def _name_replica(error: BaseException, context: Any, local_id: int, count: int) -> None:
+    """Note on ``error`` which replica raised it: re-raised in the calling thread, its
+    traceback would otherwise not say (the message and type stay the user's)."""
+    replica_id = getattr(context, "replica_id_in_sync_group", local_id)
+    note = f"(raised in replica {int(replica_id)}, local replica {local_id} of {count})"
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
 
 
 def run_replicas(
@@ -231,17 +244,20 @@ def run_replicas(
             name=f"replica-{replica.local_id}",
             daemon=True,
         )
+    wait_for_running: float | None = timeout
     try:
         for replica in group.replicas:
             replica.thread.start()
         return group.coordinate()
-    except BaseException:
+    except BaseException as exc:
         group.abort()
+        if not any(replica.error is exc for replica in group.replicas):
+            wait_for_running = 0  # the caller's own (Ctrl-C): a busy replica is not awaited
         raise
     finally:
         # Paused replicas unwind at once; running ones finish their current work first. After
         # a timeout, a replica that never arrives is left behind (daemon) rather than awaited.
         for replica in group.replicas:
-            replica.thread.join(timeout)
+            replica.thread.join(wait_for_running)
         for context in contexts:
             context._merge_channel = None

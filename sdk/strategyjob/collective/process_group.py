@@ -622,6 +622,16 @@ class CollectiveGroup:
                 return dead
             time.sleep(0.1)  # give a dying peer's sockets time to close before probing again
 
+    def lost_peer_error(self, what: str) -> errors.UnavailableError | None:
+        """The error naming the peers found down during ``what`` (the group is then broken),
+        or None while every peer is alive: for a wait that :meth:`wait` cannot slice."""
+        dead = self.dead_peers()
+        if not dead:
+            return None
+        error = self._unavailable(dead, what)
+        self._fail(error)
+        return error
+
     def _unavailable(self, dead: list[int], what: str, cause: str = "") -> errors.UnavailableError:
         names = ", ".join(self.task_name(r) for r in dead)
         message = f"cluster check alive failed, {names} is down"

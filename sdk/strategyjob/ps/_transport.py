@@ -444,7 +444,17 @@ def run_ps_ops(task: int, ops: list[Op], *, wait: bool = False) -> list[torch.Te
         if wait:
             timeout = float(os.environ.get(CONNECT_TIMEOUT_ENV, "120"))
             stub = raw_unary(addr, RUN_METHOD)
-            reply = stub(request, metadata=metadata(), wait_for_ready=True, timeout=timeout)
+            try:
+                reply = stub(request, metadata=metadata(), wait_for_ready=True, timeout=timeout)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                # gRPC's "Deadline Exceeded" alone does not say that the ps never answered
+                detail = (
+                    f"no answer within {timeout:g} s of waiting for it to start, "
+                    f"{CONNECT_TIMEOUT_ENV}; check that it runs and listens there (its log)"
+                )
+                raise_for_status(exc.code(), detail, what)
         else:
             reply = _stream_call(addr, request, what)
     except grpc.RpcError as exc:

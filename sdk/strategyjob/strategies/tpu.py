@@ -57,6 +57,7 @@ from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolve
 from strategyjob.collective import process_group
 from strategyjob.collective.backend import ProcessGroupCollectives
 from strategyjob.collective.options import CommunicationOptions
+from strategyjob.collective.watchdog import BlockingWaitWatchdog
 from strategyjob.strategies.base import Strategy, StrategyExtended
 from strategyjob.strategies.compat_methods import CompatV1StrategyMethods
 from strategyjob.tpu.device_assignment import DeviceAssignment
@@ -99,6 +100,11 @@ _IN_PLACE_OPERATORS = frozenset(
 #: Overridable functions that take tensors but compute nothing on them: their arguments must
 #: stay the very tensors of the autograd graph.
 _NOT_OPERATIONS = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
+#: How DTensor waits for its collectives: one blocking call, watched (``collective.watchdog``).
+_WAIT_TENSOR = (
+    torch.ops._c10d_functional.wait_tensor,
+    torch.ops._c10d_functional.wait_tensor.default,
+)
 
 
 # ------------------------------------------------------------------------------ cluster
@@ -264,11 +270,19 @@ class _SplitToLogicalDevices(torch.autograd.Function):
 class _AssignToCore(torch.autograd.Function):
     """``tensor`` as a DTensor that exists on logical core ``k`` only; identity for autograd.
 
-    Backward broadcasts the owner's gradient so every core's ``tensor`` gets it whole."""
+    Backward broadcasts the owner's gradient so every core's ``tensor`` gets it whole, a
+    blocking wait that ``watchdog`` (when there is one) watches."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, mesh: DeviceMesh, src: int, group) -> Any:
-        ctx.src, ctx.group = src, group
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        mesh: DeviceMesh,
+        src: int,
+        group,
+        watchdog: BlockingWaitWatchdog | None,
+    ) -> Any:
+        ctx.src, ctx.group, ctx.watchdog = src, group, watchdog
         return DTensor.from_local(tensor.detach(), mesh, [Replicate()], run_check=False)
 
     @staticmethod
@@ -279,8 +293,9 @@ class _AssignToCore(torch.autograd.Function):
         if result is None or result.shape != shape:
             result = torch.zeros(shape, dtype=grad.dtype, device=local.device)
         if ctx.group is not None:
-            dist.broadcast(result, src=ctx.src, group=ctx.group)
-        return result, None, None, None
+            with ctx.watchdog.watching() if ctx.watchdog is not None else nullcontext():
+                dist.broadcast(result, src=ctx.src, group=ctx.group)
+        return result, None, None, None, None
 
 
 # ---------------------------------------------------------------------------- extended
@@ -343,6 +358,9 @@ class _OneMeshPerOperation(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _NOT_OPERATIONS:
             return func(*args, **kwargs)
+        if func in _WAIT_TENSOR and self._extended._watchdog is not None:
+            with self._extended._watchdog.watching():  # a lost peer ends the process
+                return func(*args, **kwargs)
         # ``types`` never names DTensor (its __torch_function__ is disabled): look at the args
         args, kwargs = self._extended._on_one_mesh(func, args, kwargs)
         try:
@@ -395,6 +413,12 @@ class TPUExtended(StrategyExtended):
         self._use_spmd_for_xla_partitioning = bool(use_spmd_for_xla_partitioning)
         self._cluster = cluster
         self._group = cluster.group
+        # DTensor's collectives are waited for in one blocking call each, watched instead.
+        self._watchdog = (
+            None
+            if cluster.group is None
+            else BlockingWaitWatchdog(cluster.group, "a logical-device collective")
+        )
         self._grid = grid
         (replica,), (core,) = np.nonzero(grid == cluster.rank)
         self._replica_id, self._logical_core = int(replica), int(core)
@@ -604,7 +628,7 @@ class TPUExtended(StrategyExtended):
         of the replica's meshes; differentiable, its gradient a plain tensor on every core."""
         if mesh.size() == 1 and self.num_cores_per_replica > 1:  # assigned to one core
             src = int(mesh.mesh.flatten()[0])
-            return _AssignToCore.apply(tensor, mesh, src, self._logical_group)
+            return _AssignToCore.apply(tensor, mesh, src, self._logical_group, self._watchdog)
         return DTensor.from_local(tensor, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
     def _is_own_mesh(self, mesh: DeviceMesh) -> bool:
@@ -660,7 +684,8 @@ class TPUExtended(StrategyExtended):
         plain = self._to_device(self._as_plain(tensor))
         src = int(self._grid[self._replica_id, logical_device_id])
         group = self._logical_group if self.num_cores_per_replica > 1 else None
-        return _AssignToCore.apply(plain, self._core_mesh(logical_device_id), src, group)
+        mesh = self._core_mesh(logical_device_id)
+        return _AssignToCore.apply(plain, mesh, src, group, self._watchdog)
 
 
 # ---------------------------------------------------------------------------- strategies
