@@ -15,7 +15,8 @@ pytestmark = pytest.mark.timeout(150)
 
 TASK1 = "/job:worker/replica:0/task:1"
 
-# Worker 1 does FAULT after step 3 (or, never-join, never builds the strategy).
+# Worker 1 does FAULT after step 3 (stuck: step 25, once the job has some history; or,
+# never-join, never builds the strategy).
 WORKER = """
 import os, signal, time
 import strategyjob, torch
@@ -55,6 +56,8 @@ for n in range(1, 100000):
         os.kill(os.getpid(), signal.SIGSTOP)
     if n == 3 and fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if n == 25 and fault == "stuck":  # alive, answering, never in the next collective
+        time.sleep(300)
     time.sleep(0.05)
 """
 
@@ -76,7 +79,8 @@ def run_tpu_job(tmp_path, layout: str, fault: str, **env: str) -> tuple[Launch, 
     failed = launch.wait_line("strategyjob: job demo failed after ", 1)
     if fault == "never-join":
         return launch, failed - launch.lines[0][0]
-    return launch, failed - launch.wait_line("[worker-1] STEP 3", 1)
+    last = "[worker-1] STEP 25" if fault == "stuck" else "[worker-1] STEP 3"
+    return launch, failed - launch.wait_line(last, 1)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -117,3 +121,28 @@ def test_a_tpu_worker_that_never_joins_is_named_at_the_rendezvous_timeout(tmp_pa
     ), launch.text
     print(f"never joins: job failed {took:.1f} s after the start")
     assert took < 40
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stuck_tpu_worker_is_named_within_the_jobs_stuck_peer_bound(tmp_path, layout):
+    """Alive but never reaching the next collective after step 25: its peer fails with MWMS's
+    DeadlineExceededError naming it within the job's adaptive bound (4 s here,
+    STRATEGYJOB_STUCK_PEER_SECONDS; 10 minutes by default), in a logical-device transfer (the
+    watchdog, as for a lost peer) as in a gradient all-reduce; before, the transfer waited for
+    gloo's 30-minute timeout."""
+    launch, took = run_tpu_job(
+        tmp_path,
+        layout,
+        "stuck",
+        STRATEGYJOB_STUCK_PEER_SECONDS="4",
+        STRATEGYJOB_STUCK_PEER_FACTOR="4",
+    )
+    summary = launch.text[-2]
+    during = "a logical-device collective" if layout == "1x2" else "gradient all-reduce"
+    assert (
+        f": worker-0 exited with code 1: {'[rank0]: ' if layout == '2x1' else ''}"
+        f"strategyjob.errors.DeadlineExceededError: Collective {during} did not complete: "
+        f"Not arrived: {TASK1} (not in a collective for "
+    ) in summary, launch.text
+    print(f"{layout} stuck: job failed {took:.1f} s after the stall")
+    assert 4 <= took < 20

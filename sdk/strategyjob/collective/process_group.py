@@ -30,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -622,15 +622,30 @@ class CollectiveGroup:
                 return dead
             time.sleep(0.1)  # give a dying peer's sockets time to close before probing again
 
-    def lost_peer_error(self, what: str) -> errors.UnavailableError | None:
-        """The error naming the peers found down during ``what`` (the group is then broken),
-        or None while every peer is alive: for a wait that :meth:`wait` cannot slice."""
+    def lost_peer_error(self, what: str, waited: float = 0.0) -> errors.OpError | None:
+        """For a wait that :meth:`wait` cannot slice, ``waited`` seconds into it: the error
+        that ends it as a sliced wait would end (the group is then broken) — the peers found
+        down, a stuck peer past the job's bound (``collective.stuck``) or past
+        ``CommunicationOptions.timeout_seconds`` — or None while none of these holds."""
         dead = self.dead_peers()
-        if not dead:
-            return None
-        error = self._unavailable(dead, what)
-        self._fail(error)
-        return error
+        if dead:
+            return self._fail(self._unavailable(dead, what))
+        verdict = self._stuck_verdict(what)
+        if verdict is None and waited >= self._timeout:
+            verdict = self._deadline(what)
+        return None if verdict is None else self._fail(verdict)
+
+    @contextlib.contextmanager
+    def unsliced_wait(self, what: str) -> Iterator[None]:
+        """Around a wait that :meth:`wait` cannot slice (DTensor's): peers probing this
+        process learn that it waits in ``what``, as during a sliced wait, so that a peer that
+        never comes is the one named."""
+        self._listener.entered(what, time.monotonic())
+        try:
+            yield
+        finally:
+            if self._state["broken"] is None:
+                self._listener.left(time.monotonic())
 
     def _unavailable(self, dead: list[int], what: str, cause: str = "") -> errors.UnavailableError:
         names = ", ".join(self.task_name(r) for r in dead)

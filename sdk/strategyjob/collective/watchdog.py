@@ -1,4 +1,5 @@
-"""A watchdog over waits that cannot be sliced: a lost peer ends the process with its error.
+"""A watchdog over waits that cannot be sliced: a lost or stuck peer ends the process with
+its error.
 
 Why: ``CollectiveGroup.wait`` polls a collective's ``Work`` in slices and checks the peers
 between them, but DTensor's functional collectives (TPUStrategy's logical-device transfers)
@@ -6,8 +7,9 @@ are waited for by ``_c10d_functional.wait_tensor``, one blocking C++ call with n
 poll, which gloo ends only at its 30-minute timeout; a frozen peer held the survivor there.
 No Python error can be raised into a thread blocked in C++, so, as torch's own NCCL watchdog
 tears the process down on a failed collective, the watchdog prints the waiting thread's
-stack and the ``UnavailableError`` naming the lost peer, as an uncaught error would be
-printed, and ends the process with status 1.
+stack and the error a sliced wait would raise (``UnavailableError`` naming the lost peer;
+``DeadlineExceededError`` naming a stuck one, past ``timeout_seconds`` or the job's
+stuck-peer bound), as an uncaught error would be printed, and ends the process with status 1.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from strategyjob import errors
@@ -31,7 +33,11 @@ TICK_SECONDS = 0.5
 
 
 class PeerChecker(Protocol):
-    def lost_peer_error(self, what: str) -> errors.UnavailableError | None: ...
+    """What the watchdog asks of a collective group (:class:`CollectiveGroup`)."""
+
+    def lost_peer_error(self, what: str, waited: float) -> errors.OpError | None: ...
+
+    def unsliced_wait(self, what: str) -> AbstractContextManager[None]: ...
 
 
 class BlockingWaitWatchdog:
@@ -53,7 +59,8 @@ class BlockingWaitWatchdog:
         outer = self._waiter
         self._waiter = (threading.get_ident(), time.monotonic())
         try:
-            yield
+            with self._group.unsliced_wait(self._what):
+                yield
         finally:
             self._waiter = outer
 
@@ -63,7 +70,7 @@ class BlockingWaitWatchdog:
             waiter = self._waiter
             if waiter is None or time.monotonic() - waiter[1] < TICK_SECONDS:
                 continue
-            error = self._group.lost_peer_error(self._what)
+            error = self._group.lost_peer_error(self._what, time.monotonic() - waiter[1])
             if error is not None and self._waiter is waiter:
                 _end_process(error, waiter[0])
 
