@@ -34,10 +34,11 @@ from strategyjob.keras._backend import (
     check_keras_backend,
 )
 from strategyjob.keras._capture import on_module_in_scope, strategy_of
+from strategyjob.keras._dataset_creator import DatasetCreator
 from strategyjob.keras._watch import watch_name_scopes
 from strategyjob.strategies.base import add_scope_entry_check
 
-__all__ = ["MAX_KERAS", "MIN_KERAS", "strategy_of"]
+__all__ = ["MAX_KERAS", "MIN_KERAS", "DatasetCreator", "strategy_of"]
 
 add_scope_entry_check(check_keras_backend)
 add_scope_entry_check(watch_name_scopes)

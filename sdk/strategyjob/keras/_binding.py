@@ -50,6 +50,7 @@ from strategyjob.keras._split import local_rows
 from strategyjob.keras._sync_on_read import detached_copy, summed, sums_over_workers
 from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from strategyjob.strategies.one_device import OneDeviceStrategy
+from strategyjob.strategies.parameter_server import ParameterServerStrategy
 
 __all__ = ["MultiWorkerBinding", "bind", "unsupported_reason"]
 
@@ -80,6 +81,11 @@ def bind(model: keras.Model, strategy: Any) -> None:
     """Make ``model``'s training methods use ``strategy`` (called once, when it is captured)."""
     if isinstance(strategy, OneDeviceStrategy):
         return  # one replica: plain Keras computes exactly what the strategy would
+    if isinstance(strategy, ParameterServerStrategy):
+        from strategyjob.keras._ps import PSBinding  # the coordinator's fit (``_ps``)
+
+        PSBinding(model, strategy).install()
+        return
     reason = unsupported_reason(strategy)
     if reason is not None:
         for name in _ENTRY_POINTS:
