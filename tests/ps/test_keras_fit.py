@@ -218,23 +218,38 @@ def test_fit_requires_steps_per_epoch_and_a_dataset_creator(keras, in_memory) ->
         sj.keras.DatasetCreator([1, 2])
 
 
-def test_fit_on_arrays_draws_batches_of_them_on_each_worker(keras, in_memory) -> None:  # type: ignore[no-untyped-def]
-    """Arrays are made a DatasetCreator, as TF does: each worker draws shuffled batches of
-    ``batch_size`` rows of the whole arrays; ``steps_per_epoch`` is still required."""
+def test_fit_on_arrays_checkpoints_and_loads_through_the_ps(keras, in_memory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Arrays are made a DatasetCreator, as TF does (each worker draws shuffled batches of
+    ``batch_size`` rows of the whole arrays; ``steps_per_epoch`` is still required);
+    ``ModelCheckpoint`` saves the ps values from the chief and ``load_weights`` sends loaded
+    values to the ps."""
     with in_memory.scope():
         model = _classifier(keras)
     _compile(keras, model)
     x, y = (t.reshape(-1, *t.shape[2:]).numpy() for t in _batches())
     with pytest.raises(ValueError, match=r"`steps_per_epoch`, `validation_steps` or `steps`"):
         model.fit(x, y, batch_size=16)
-    history = model.fit(x, y, batch_size=16, epochs=2, steps_per_epoch=7, verbose=0)
+    path = str(tmp_path / "last.weights.h5")
+    checkpoint = keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+    initial = model.get_weights()
+    history = model.fit(
+        x, y, batch_size=16, epochs=2, steps_per_epoch=7, callbacks=[checkpoint], verbose=0
+    )
     assert len(history.history["loss"]) == 2
     plain = _classifier(keras)
-    plain.set_weights(model.get_weights())  # the chief's weights are the ps's after fit
     _compile(keras, plain)
+    plain.load_weights(path)
     np.testing.assert_allclose(
         model.evaluate(x, y, verbose=0), plain.evaluate(x, y, verbose=0), rtol=1e-6
     )
+    assert not np.allclose(plain.get_weights()[0], initial[0])
+    keep = str(tmp_path / "initial.weights.h5")
+    plain.set_weights(initial)
+    plain.save_weights(keep)
+    model.load_weights(keep)
+    in_memory.extended.pull_parameters([v.value for v in model.weights])  # what the ps hold
+    for got, want in zip(model.get_weights(), initial):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,9 @@ What each strategy does with a bound model:
   ``predict`` returns every row on every worker (see ``_binding``); ``BackupAndRestore`` is
   written by the chief and resumed at its saved batch, and a SIGTERM during ``fit`` backs up
   after the same batch on every worker and exits 143 (``_callbacks``, ``_preemption``);
+* ``ParameterServerStrategy``: the chief runs ``fit`` as the coordinator, as TF's Keras does
+  (a ``DatasetCreator``, ``steps_per_epoch`` required, each step scheduled onto a worker, the
+  update applied once per step on the ps, ``evaluate`` / ``predict`` on the chief; see ``_ps``);
 * ``keras.metrics`` created in a MultiWorkerMirroredStrategy's scope read their global value
   outside ``strategy.run``, and a compiled Keras model built outside every scope is refused
   when called in one (``_watch``);

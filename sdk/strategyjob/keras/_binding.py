@@ -5,6 +5,9 @@ its methods up on the instance: ``fit`` calls ``self.train_step`` through its tr
 ``compute_metrics`` calls ``self.get_metrics_result``), and each calls the model's own class
 method for the real work.
 
+Under ``ParameterServerStrategy``, ``_ps.PSBinding`` sets ``compile`` / ``fit`` / ``evaluate`` /
+``predict`` / ``save`` / ``save_weights`` / ``load_weights`` (the coordinator's fit; see ``_ps``).
+
 Under ``MultiWorkerMirroredStrategy`` (one replica per worker), ``MultiWorkerBinding`` sets:
 
 * ``fit`` / ``evaluate`` / ``predict`` / ``compile``: run in the strategy's scope (as TF's
