@@ -11,8 +11,8 @@ scope; a worker rebuilds the model once from its config and compile config (Kera
 step, runs the class's ``train_step`` and, through its optimizer's ``apply`` (set on that
 worker's optimizer instance), sends the gradients to the ps, which apply the update once per
 step (the step's id; a closure re-run on another worker applies nothing twice). The Keras
-optimizer runs on the ps as the torch optimizer with the same update rule (``ps_optimizer``);
-one without such a rule is refused at ``compile``.
+optimizer runs on the ps as a torch optimizer with its update rule (``ps_optimizer``,
+``_ps_optimizers``); one without such a rule is refused at ``compile``.
 
 Figures: each step returns the values of the worker's metric variables for that step alone;
 after each epoch's ``join`` the chief adds them up, in the order the steps were scheduled,
@@ -38,6 +38,7 @@ import torch
 from strategyjob.input import InputContext
 from strategyjob.keras._backend import check_keras_version
 from strategyjob.keras._dataset_creator import DatasetCreator
+from strategyjob.keras._ps_optimizers import KerasAdam, KerasSGD
 from strategyjob.ps import coordinator as coordinator_lib
 from strategyjob.strategies.parameter_server import ParameterServerStrategy
 
@@ -57,31 +58,38 @@ UNSUPPORTED_INPUT = (
 _NOT_ON_PS = "Keras fit under ParameterServerStrategy does not support {what} yet; {instead}"
 
 
-def ps_optimizer(optimizer: Any) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+def ps_optimizer(
+    optimizer: Any, trainable: list[Any]
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """The torch optimizer class and arguments whose update rule, run on the ps, is the Keras
-    ``optimizer``'s. Raises ``NotImplementedError`` naming what has no such rule."""
+    ``optimizer``'s for the variables ``trainable`` (``_ps_optimizers``). Raises
+    ``NotImplementedError`` naming what has no such rule."""
     config = optimizer.get_config()
     name = type(optimizer).__name__
-    if not isinstance(optimizer, keras.optimizers.SGD):
+    if isinstance(optimizer, keras.optimizers.SGD):
+        cls: type[torch.optim.Optimizer] = KerasSGD
+        arguments = {"momentum": float(config["momentum"]), "nesterov": bool(config["nesterov"])}
+    elif isinstance(optimizer, keras.optimizers.Adam):  # AdamW too: Adam with weight_decay
+        cls = KerasAdam
+        arguments = {k: config[k] for k in ("beta_1", "beta_2", "epsilon", "amsgrad")}
+    else:
         raise NotImplementedError(
             _NOT_ON_PS.format(
-                what=f"the optimizer {name} (the ps run SGD's update rule only)",
-                instead="compile with keras.optimizers.SGD (momentum and nesterov included), "
-                "or train under MultiWorkerMirroredStrategy, or write a custom loop with a "
-                "torch optimizer under ParameterServerStrategy.",
+                what=f"the optimizer {name} (the ps run the update rules of SGD, Adam and AdamW)",
+                instead="compile with keras.optimizers.SGD, Adam or AdamW, or train under "
+                "MultiWorkerMirroredStrategy, or write a custom loop with a torch optimizer "
+                "under ParameterServerStrategy.",
             )
         )
-    extras = {
-        "weight_decay": None,
-        "clipnorm": None,
-        "global_clipnorm": None,
-        "clipvalue": None,
-        "use_ema": False,
-        "loss_scale_factor": None,
-        "gradient_accumulation_steps": None,
-    }
-    for key, default in extras.items():
-        if config.get(key, default) not in (default, 0, 0.0):
+    for key in (
+        "clipnorm",
+        "global_clipnorm",
+        "clipvalue",
+        "use_ema",
+        "loss_scale_factor",
+        "gradient_accumulation_steps",
+    ):
+        if config.get(key):
             raise NotImplementedError(
                 _NOT_ON_PS.format(
                     what=f"{name}({key}={config[key]!r})",
@@ -98,9 +106,16 @@ def ps_optimizer(optimizer: Any) -> tuple[type[torch.optim.Optimizer], dict[str,
                 "MultiWorkerMirroredStrategy.",
             )
         )
-    momentum = float(config.get("momentum") or 0.0)
-    nesterov = bool(config.get("nesterov")) and momentum > 0
-    return torch.optim.SGD, {"lr": float(rate), "momentum": momentum, "nesterov": nesterov}
+    decay = config.get("weight_decay")
+    # Keras's own test of exclude_from_weight_decay (a method of its optimizers, 3.10-3.15).
+    if decay and not all(optimizer._use_weight_decay(v) for v in trainable):
+        raise NotImplementedError(
+            _NOT_ON_PS.format(
+                what=f"{name}.exclude_from_weight_decay (the ps decay every weight alike)",
+                instead="decay every weight, or train under MultiWorkerMirroredStrategy.",
+            )
+        )
+    return cls, {"lr": float(rate), "weight_decay": decay or None, **arguments}
 
 
 def _as_tensors(batch: Any) -> Any:
@@ -246,7 +261,7 @@ class PSBinding:
             )
         model = self._model
         type(model).compile(model, *args, **kwargs)
-        cls, arguments = ps_optimizer(model.optimizer)
+        cls, arguments = ps_optimizer(model.optimizer, model.trainable_weights)
         try:
             build_copy(keras.saving.serialize_keras_object(model), None)
         except Exception as exc:
