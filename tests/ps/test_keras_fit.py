@@ -89,7 +89,9 @@ def _compile(keras, model, optimizer=None):  # type: ignore[no-untyped-def]
     ],
     ids=["sgd-nesterov", "adamw-amsgrad"],
 )
-def test_fit_on_one_worker_equals_one_process(keras, make_cluster, make_optimizer) -> None:  # type: ignore[no-untyped-def]
+def test_fit_on_one_worker_equals_one_process(
+    keras, make_cluster, make_optimizer, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     """One worker runs the steps in order: the ps's weights, the history, evaluate and predict
     equal one process running Keras on the same batches (the optimizer's slots live on the
     ps, its update rule is Keras's, bit for bit). 2 epochs of 3 steps draw 6 batches: the
@@ -130,6 +132,13 @@ def test_fit_on_one_worker_equals_one_process(keras, make_cluster, make_optimize
     for got, want in zip(model.get_weights(), plain.get_weights()):
         np.testing.assert_array_equal(got, want)
     assert not np.allclose(model.get_weights()[0], initial[0])  # the chief read the ps
+    model.save(tmp_path / "model.keras")  # with the optimizer's state, kept by the ps
+    saved = keras.saving.load_model(tmp_path / "model.keras").optimizer.variables
+    want = plain.optimizer.variables
+    assert len(saved) == len(want)  # the same variables (their names follow the layers')
+    for got, expected in zip(saved, want):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy(), err_msg=got.name)
+    assert int(saved[0].numpy()) == 6  # iterations
     np.testing.assert_allclose(
         model.evaluate(x[0].numpy(), y[0].numpy(), verbose=0),
         plain.evaluate(x[0].numpy(), y[0].numpy(), verbose=0),

@@ -209,6 +209,7 @@ class PSBinding:
         model.fit = self.fit
         for name in ("evaluate", "predict", "save", "save_weights"):
             setattr(model, name, self._on_chief(name))
+        model.save = self._on_chief("save", with_optimizer=True)
         model.load_weights = self.load_weights
 
     # --- the chief's copy of the weights ----------------------------------------------------
@@ -219,14 +220,46 @@ class PSBinding:
         """The chief's weights take the ps values (after training, before using them)."""
         self._strategy.extended.pull_parameters(self._params())
 
-    def _on_chief(self, name: str) -> Callable[..., Any]:
+    def _optimizer_from_ps(self) -> None:
+        """The chief's Keras optimizer takes the state the ps keep (slots by Keras's names,
+        ``iterations`` from the update count), so that ``model.save`` writes the real one."""
+        replica, optimizer = self._replica, self._model.optimizer
+        if replica is None:
+            return
+        # strategyjob.train.Checkpoint reads the ps's optimizer state the same way.
+        slots = self._strategy.extended._optimizer_slots(replica.optimizer)
+        if not slots:
+            return  # not stepped yet
+        trainable = self._model.trainable_weights
+        if not optimizer.built:
+            optimizer.build(trainable)
+        by_name = {v.name: v for v in optimizer.variables}
+        for index, state in slots.items():
+            prefix = trainable[index].path.replace("/", "_")
+            for slot, value in state.items():
+                if slot == "step":
+                    optimizer.iterations.assign(value)
+                    continue
+                variable = by_name.get(f"{prefix}_{slot}")
+                if variable is None:
+                    raise RuntimeError(
+                        f"strategyjob.keras: the Keras optimizer has no variable "
+                        f"{prefix}_{slot} for the ps's {slot!r} of {trainable[index].path}; "
+                        "save with save_weights (the optimizer's state is on the ps)."
+                    )
+                variable.assign(value)
+
+    def _on_chief(self, name: str, with_optimizer: bool = False) -> Callable[..., Any]:
         """``evaluate`` / ``predict`` / ``save`` / ``save_weights`` on the chief, on the
-        weights read from the ps (TF's coordinator reads its variables from the ps)."""
+        weights read from the ps (TF's coordinator reads its variables from the ps), and for
+        ``save`` the optimizer's state read from there too."""
         method = getattr(type(self._model), name)
 
         def on_chief(*args: Any, **kwargs: Any) -> Any:
             check_keras_version(keras.__version__)
             self.pull()
+            if with_optimizer:
+                self._optimizer_from_ps()
             bound = inspect.signature(method).bind(self._model, *args, **kwargs)
             x = bound.arguments.get("x")
             if isinstance(x, DatasetCreator):

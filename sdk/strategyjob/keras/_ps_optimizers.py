@@ -31,6 +31,13 @@ def _decay(params: list[torch.Tensor], group: dict) -> None:
         torch._foreach_mul_(params, 1 - decay * torch.tensor(group["lr"], dtype=torch.float32))
 
 
+def _count(state: dict) -> int:
+    """One more update: Keras's ``iterations``, kept with the group's first parameter (a ps
+    has one per optimizer), which ``PSBinding`` gives back to the chief's Keras optimizer."""
+    state["step"] = int(state.get("step", 0)) + 1
+    return int(state["step"])
+
+
 def _slot(state: dict, name: str, param: torch.Tensor) -> torch.Tensor:
     if name not in state:
         state[name] = torch.zeros_like(param)
@@ -59,6 +66,7 @@ class KerasSGD(torch.optim.Optimizer):
             if not params:
                 continue
             _decay(params, group)
+            _count(self.state[params[0]])
             lr, momentum = group["lr"], group["momentum"]
             if not momentum:
                 torch._foreach_add_(params, grads, alpha=-lr)
@@ -108,11 +116,10 @@ class KerasAdam(torch.optim.Optimizer):
 
     def _update(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         _decay(params, group)
-        first = self.state[params[0]]
-        first["step"] = first.get("step", 0) + 1  # one count for the group, as Keras's
+        step = _count(self.state[params[0]])
         dtype = params[0].dtype
         lr = torch.tensor(group["lr"], dtype=torch.float32).to(dtype)
-        local_step = torch.tensor(first["step"], dtype=torch.int64).to(dtype)
+        local_step = torch.tensor(step, dtype=torch.int64).to(dtype)
         beta_1, beta_2 = group["beta_1"], group["beta_2"]
         beta_1_power = torch.pow(torch.tensor(beta_1, dtype=dtype), local_step)
         beta_2_power = torch.pow(torch.tensor(beta_2, dtype=dtype), local_step)
