@@ -180,12 +180,12 @@ def test_each_step_applied_once_on_two_workers(keras, make_cluster, tmp_path) ->
     def linear():  # type: ignore[no-untyped-def]
         return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, use_bias=False)])
 
-    with strategy.scope():
+    with strategy.scope():  # compile and fit in the scope too, as TF's users often do
         model = linear()
+        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mae")
     plain = linear()
     plain.set_weights(model.get_weights())
-    for m in (model, plain):
-        m.compile(optimizer=keras.optimizers.SGD(0.01), loss="mae")
+    plain.compile(optimizer=keras.optimizers.SGD(0.01), loss="mae")
 
     class KillWorker1(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
@@ -193,13 +193,14 @@ def test_each_step_applied_once_on_two_workers(keras, make_cluster, tmp_path) ->
                 cluster.kill("worker", 1)
 
     epochs, steps = 2, 12
-    history = model.fit(
-        sj.keras.DatasetCreator(dataset_fn),
-        epochs=epochs,
-        steps_per_epoch=steps,
-        callbacks=[KillWorker1()],
-        verbose=0,
-    )
+    with strategy.scope():
+        history = model.fit(
+            sj.keras.DatasetCreator(dataset_fn),
+            epochs=epochs,
+            steps_per_epoch=steps,
+            callbacks=[KillWorker1()],
+            verbose=0,
+        )
     plain.fit(x.numpy(), y.numpy(), batch_size=ROWS, epochs=epochs * steps, verbose=0)
     np.testing.assert_array_equal(model.get_weights()[0], plain.get_weights()[0])
     drawn = log.read_text().count("batch")

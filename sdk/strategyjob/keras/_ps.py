@@ -151,7 +151,18 @@ class _Replica:
     def model(self) -> keras.Model:
         """The worker's model, built once (a worker runs one closure at a time)."""
         if self._model is None:
-            self._model = build_copy(self.model_config, self.compile_config)
+            try:
+                self._model = build_copy(self.model_config, self.compile_config)
+            except Exception as exc:
+                raise NotImplementedError(
+                    _NOT_ON_PS.format(
+                        what=f"a model the workers cannot rebuild from its Keras config "
+                        f"({type(exc).__name__}: {exc})",
+                        instead="use a Sequential or Functional model, or give the subclass "
+                        "get_config/from_config and register it (keras.saving."
+                        "register_keras_serializable) in a module the workers import.",
+                    )
+                ) from exc
             self._model.optimizer.apply = self._send_gradients  # this instance only
         return self._model
 
@@ -295,19 +306,6 @@ class PSBinding:
         model = self._model
         type(model).compile(model, *args, **kwargs)
         cls, arguments = ps_optimizer(model.optimizer, model.trainable_weights)
-        try:
-            build_copy(keras.saving.serialize_keras_object(model), None)
-        except Exception as exc:
-            raise NotImplementedError(
-                _NOT_ON_PS.format(
-                    what=f"a {type(model).__name__} that cannot be rebuilt from its config "
-                    f"({type(exc).__name__}: {exc}); each worker rebuilds the model with "
-                    "keras.saving.deserialize_keras_object",
-                    instead="use a Sequential or Functional model, or give the subclass "
-                    "get_config/from_config and register it (keras.saving."
-                    "register_keras_serializable).",
-                )
-            ) from exc
         optimizer = cls([v.value for v in model.trainable_weights], **arguments)
         self._replica = _Replica(model, optimizer)
 
