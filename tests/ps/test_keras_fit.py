@@ -324,3 +324,86 @@ def test_ps_optimizer_maps_keras_optimizers(keras) -> None:  # type: ignore[no-u
     adamw.exclude_from_weight_decay(var_names=["bias"])
     with pytest.raises(NotImplementedError, match="exclude_from_weight_decay"):
         _ps.ps_optimizer(adamw, model.trainable_weights)
+
+
+EVALUATOR = """
+import json, sys
+import strategyjob as sj
+import keras
+import torch
+
+directory, out = sys.argv[1], sys.argv[2]
+layers = keras.layers
+model = keras.Sequential([keras.Input((4,)), layers.Dense(8, activation="relu"), layers.Dense(3)])
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+model.compile(loss=loss, metrics=["accuracy"])
+g = torch.Generator().manual_seed(1)
+x = torch.randn({batches}, {rows}, 4, generator=g)
+y = torch.randint(0, 3, ({batches}, {rows}), generator=g)
+results = []
+
+
+class Record(keras.callbacks.Callback):
+    def on_test_end(self, logs=None):
+        results.append(logs)
+        with open(out, "w") as f:
+            json.dump(results, f)
+
+
+sj.keras.SidecarEvaluator(
+    model, (x[0].numpy(), y[0].numpy()), directory, max_evaluations=2, callbacks=[Record()],
+    poll_interval=0.1,
+).start()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_sidecar_evaluator_evaluates_the_chiefs_checkpoints(keras, make_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The chief fits with ModelCheckpoint(ckpt-{epoch}.weights.h5) while an evaluator process
+    runs SidecarEvaluator on the directory: it evaluates the last checkpoint (and maybe the
+    first), each figure that of the checkpoint's weights, and stops by itself."""
+    import json
+    import os
+    import subprocess
+
+    cluster = make_cluster(workers=1, ps=1)
+    strategy = sj.ParameterServerStrategy(cluster.resolver())
+    with strategy.scope():
+        model = _classifier(keras)
+    _compile(keras, model)
+    directory, out = tmp_path / "ckpt", tmp_path / "evaluations.json"
+    script = EVALUATOR.format(batches=BATCHES, rows=ROWS)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(sj.__file__).parents[1])
+        + os.pathsep
+        + os.environ.get("PYTHONPATH", ""),
+    )
+    evaluator = subprocess.Popen([sys.executable, "-c", script, str(directory), str(out)], env=env)
+    try:
+        model.fit(
+            sj.keras.DatasetCreator(_cycle()),
+            epochs=2,
+            steps_per_epoch=3,
+            callbacks=[
+                keras.callbacks.ModelCheckpoint(
+                    str(directory / "ckpt-{epoch}.weights.h5"), save_weights_only=True
+                )
+            ],
+            verbose=0,
+        )
+        assert evaluator.wait(timeout=180) == 0
+    finally:
+        if evaluator.poll() is None:
+            evaluator.kill()
+            evaluator.wait()
+    evaluations = json.loads(out.read_text())
+    assert 1 <= len(evaluations) <= 2
+    plain = _classifier(keras)
+    _compile(keras, plain)
+    x, y = _batches()
+    for epoch, logs in zip(range(3 - len(evaluations), 3), evaluations):
+        plain.load_weights(directory / f"ckpt-{epoch}.weights.h5")
+        expected = plain.evaluate(x[0].numpy(), y[0].numpy(), verbose=0, return_dict=True)
+        assert logs == pytest.approx(expected, rel=1e-6)
+    assert sorted(os.listdir(directory)) == ["ckpt-1.weights.h5", "ckpt-2.weights.h5"]

@@ -27,6 +27,7 @@ of each epoch.
 from __future__ import annotations
 
 import inspect
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ from strategyjob.keras._dataset_creator import DatasetCreator
 from strategyjob.keras._ps_optimizers import KerasAdam, KerasSGD
 from strategyjob.ps import coordinator as coordinator_lib
 from strategyjob.strategies.parameter_server import ParameterServerStrategy
+from strategyjob.train._storage import atomic_write_path
 
 __all__ = ["PSBinding", "ps_optimizer"]
 
@@ -218,9 +220,10 @@ class PSBinding:
         model = self._model
         model.compile = self.compile
         model.fit = self.fit
-        for name in ("evaluate", "predict", "save", "save_weights"):
-            setattr(model, name, self._on_chief(name))
-        model.save = self._on_chief("save", with_optimizer=True)
+        model.evaluate = self._on_chief("evaluate")
+        model.predict = self._on_chief("predict")
+        model.save = self._written("save", with_optimizer=True)
+        model.save_weights = self._written("save_weights")
         model.load_weights = self.load_weights
 
     # --- the chief's copy of the weights ----------------------------------------------------
@@ -260,17 +263,34 @@ class PSBinding:
                     )
                 variable.assign(value)
 
-    def _on_chief(self, name: str, with_optimizer: bool = False) -> Callable[..., Any]:
-        """``evaluate`` / ``predict`` / ``save`` / ``save_weights`` on the chief, on the
-        weights read from the ps (TF's coordinator reads its variables from the ps), and for
-        ``save`` the optimizer's state read from there too."""
+    def _written(self, name: str, with_optimizer: bool = False) -> Callable[..., Any]:
+        """``save`` / ``save_weights`` (and so ``ModelCheckpoint``) on the chief: the weights
+        read from the ps (for ``save`` the optimizer's state too), written to a temporary file
+        that then replaces the path, so that a ``SidecarEvaluator`` never reads half a file."""
+        method = getattr(type(self._model), name)
+
+        def write(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            check_keras_version(keras.__version__)
+            self.pull()
+            if with_optimizer:
+                self._optimizer_from_ps()
+            if not isinstance(filepath, (str, os.PathLike)):
+                return method(self._model, filepath, *args, **kwargs)
+            return atomic_write_path(
+                os.fspath(filepath), lambda tmp: method(self._model, tmp, *args, **kwargs)
+            )
+
+        write.__doc__ = method.__doc__
+        return write
+
+    def _on_chief(self, name: str) -> Callable[..., Any]:
+        """``evaluate`` / ``predict`` on the chief, on the weights read from the ps (TF's
+        coordinator reads its variables from the ps)."""
         method = getattr(type(self._model), name)
 
         def on_chief(*args: Any, **kwargs: Any) -> Any:
             check_keras_version(keras.__version__)
             self.pull()
-            if with_optimizer:
-                self._optimizer_from_ps()
             bound = inspect.signature(method).bind(self._model, *args, **kwargs)
             x = bound.arguments.get("x")
             if isinstance(x, DatasetCreator):

@@ -77,6 +77,29 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
     _fsync_directory(directory)
 
 
+def atomic_write_path(path: str, write: Callable[[str], Any]) -> Any:
+    """``atomic_write`` for writers that take a path (Keras's ``save_weights``): ``write`` gets
+    a temporary path in the same directory that ends as ``path`` does (Keras checks the
+    ending), which then replaces ``path``; returns what ``write`` returns."""
+    directory, base = os.path.split(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.getpid()}-{secrets.token_hex(4)}{_TMP_MARK}-{base}")
+    try:
+        result = write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(directory)
+    return result
+
+
 def remove_stale_temporaries(directory: str, names: Sequence[str]) -> list[str]:
     """Delete the temporary files that killed writers left for files named ``names*``."""
     removed = []
