@@ -224,6 +224,8 @@ def test_fit_requires_steps_per_epoch_and_a_dataset_creator(keras, in_memory) ->
     creator = sj.keras.DatasetCreator(_cycle())
     with pytest.raises(ValueError, match=r"^When using a `tf\.keras\.utils\.experimental\.Data"):
         model.fit(creator, epochs=1)
+    with pytest.raises(ValueError, match=r"steps_per_epoch must be a positive integer.*got -1"):
+        model.fit(creator, steps_per_epoch=-1)
     loader = torch.utils.data.DataLoader(list(zip(*_batches())))
     with pytest.raises(NotImplementedError, match=r"^Only `tf\.keras.*got DataLoader: wrap it"):
         model.fit(loader, steps_per_epoch=2)

@@ -358,6 +358,11 @@ class PSBinding:
         creator = _creator(x, y, batch_size, shuffle)
         if steps_per_epoch is None:
             raise ValueError(STEPS_REQUIRED)
+        if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+            raise ValueError(
+                f"steps_per_epoch must be a positive integer under ParameterServerStrategy (each "
+                f"epoch schedules that many steps), got {steps_per_epoch!r}."
+            )
         verbose = 1 if verbose == "auto" else verbose
         cluster = coordinator_lib.ClusterCoordinator(self._strategy)
         dataset = cluster.create_per_worker_dataset(
