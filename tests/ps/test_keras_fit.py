@@ -297,6 +297,24 @@ def test_compile_refuses_an_update_rule_the_ps_cannot_run(
         _compile(keras, model, make_optimizer(keras))
 
 
+def test_compile_refuses_a_model_not_built_in_the_scope(keras, in_memory) -> None:  # type: ignore[no-untyped-def]
+    """A subclassed model created in scope whose weights would be built later, elsewhere."""
+
+    class Net(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):  # type: ignore[no-untyped-def]
+            return self.dense(x)
+
+    with in_memory.scope():
+        model = Net()
+    assert sj.keras.strategy_of(model) is in_memory
+    with pytest.raises(RuntimeError, match=r"not all on the ps: build the model in strategy"):
+        _compile(keras, model)
+
+
 def test_a_step_updating_moving_statistics_fails_the_fit(keras, in_memory) -> None:  # type: ignore[no-untyped-def]
     with in_memory.scope():
         model = keras.Sequential(

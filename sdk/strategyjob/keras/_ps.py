@@ -324,6 +324,14 @@ class PSBinding:
                 )
             )
         model = self._model
+        if not model.built or not all(
+            getattr(v.value, "_sj_ref", None) is not None for v in model.weights
+        ):
+            raise RuntimeError(
+                f"The weights of {model.name} are not all on the ps: build the model in "
+                "strategy.scope() (keras.Input(shape) first, or model.build(input_shape) "
+                "there), so that every weight is created on the parameter servers."
+            )
         type(model).compile(model, *args, **kwargs)
         cls, arguments = ps_optimizer(model.optimizer, model.trainable_weights)
         optimizer = cls([v.value for v in model.trainable_weights], **arguments)
