@@ -86,8 +86,12 @@ def _compile(keras, model, optimizer=None):  # type: ignore[no-untyped-def]
     [
         lambda k: k.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
         lambda k: k.optimizers.AdamW(0.01, weight_decay=0.05, amsgrad=True),
+        lambda k: k.optimizers.SGD(
+            k.optimizers.schedules.ExponentialDecay(0.1, 2, 0.5, staircase=True), momentum=0.5
+        ),
+        lambda k: k.optimizers.Adam(k.optimizers.schedules.CosineDecay(0.05, 5, warmup_steps=2)),
     ],
-    ids=["sgd-nesterov", "adamw-amsgrad"],
+    ids=["sgd-nesterov", "adamw-amsgrad", "sgd-exponential-decay", "adam-cosine-warmup"],
 )
 def test_fit_on_one_worker_equals_one_process(
     keras, make_cluster, make_optimizer, tmp_path
@@ -280,8 +284,8 @@ def test_fit_on_arrays_checkpoints_and_loads_through_the_ps(keras, in_memory, tm
         (lambda k: k.optimizers.RMSprop(), "the optimizer RMSprop"),
         (lambda k: k.optimizers.SGD(0.1, clipnorm=1.0), r"SGD\(clipnorm=1\.0\)"),
         (
-            lambda k: k.optimizers.SGD(k.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)),
-            "a learning-rate schedule",
+            lambda k: k.optimizers.SGD(lambda: 0.1),
+            "the learning rate",
         ),
     ],
 )
@@ -335,6 +339,7 @@ def test_ps_optimizer_maps_keras_optimizers(keras) -> None:  # type: ignore[no-u
         "momentum": pytest.approx(0.8),
         "nesterov": True,
         "weight_decay": None,
+        "lr_schedule": None,
     }
     model = _classifier(keras)
     adamw = keras.optimizers.AdamW(0.01)

@@ -99,15 +99,19 @@ def ps_optimizer(
                     "MultiWorkerMirroredStrategy.",
                 )
             )
-    rate = config["learning_rate"]
+    rate, schedule = config["learning_rate"], None
     if not isinstance(rate, (int, float)):
-        raise NotImplementedError(
-            _NOT_ON_PS.format(
-                what="a learning-rate schedule (the ps apply one constant learning rate)",
-                instead="give the optimizer a float learning_rate, or train under "
-                "MultiWorkerMirroredStrategy.",
+        schedule = rate  # Keras's serialized LearningRateSchedule: the ps evaluate it
+        if not (isinstance(schedule, dict) and str(schedule.get("module")).startswith("keras.")):
+            raise NotImplementedError(
+                _NOT_ON_PS.format(
+                    what=f"the learning rate {rate!r} (the ps evaluate Keras's own schedules "
+                    "only, keras.optimizers.schedules)",
+                    instead="use a schedule of keras.optimizers.schedules or a float, or train "
+                    "under MultiWorkerMirroredStrategy.",
+                )
             )
-        )
+        rate = float(optimizer.learning_rate)
     decay = config.get("weight_decay")
     # Keras's own test of exclude_from_weight_decay (a method of its optimizers, 3.10-3.15).
     if decay and not all(optimizer._use_weight_decay(v) for v in trainable):
@@ -117,7 +121,12 @@ def ps_optimizer(
                 instead="decay every weight, or train under MultiWorkerMirroredStrategy.",
             )
         )
-    return cls, {"lr": float(rate), "weight_decay": decay or None, **arguments}
+    return cls, {
+        "lr": float(rate),
+        "weight_decay": decay or None,
+        "lr_schedule": schedule,
+        **arguments,
+    }
 
 
 def _as_tensors(batch: Any) -> Any:

@@ -5,11 +5,13 @@ A ps applies a step's gradients with the torch optimizer class its request names
 of ``keras.optimizers.SGD`` / ``Adam`` / ``AdamW`` (Keras 3.10 to 3.15:
 ``keras/src/backend/torch/optimizers/torch_{sgd,adam}.py`` and the base optimizer's weight
 decay), operation for operation and in the same dtypes, so that the ps's weights and slots
-are those one process running Keras computes. Torch only: the ps import no Keras.
+are those one process running Keras computes. Torch only, but for a learning-rate
+schedule: a ps imports Keras to evaluate one (``keras.optimizers.schedules``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,12 +25,11 @@ def _with_gradients(group: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]
     return params, [p.grad for p in params]
 
 
-def _decay(params: list[torch.Tensor], group: dict) -> None:
-    """Keras's decoupled weight decay, before the update: ``w *= 1 - weight_decay * lr``
-    (the learning rate a float32 variable in Keras)."""
+def _decay(params: list[torch.Tensor], group: dict, lr: torch.Tensor) -> None:
+    """Keras's decoupled weight decay, before the update: ``w *= 1 - weight_decay * lr``."""
     decay = group.get("weight_decay")
     if decay:
-        torch._foreach_mul_(params, 1 - decay * torch.tensor(group["lr"], dtype=torch.float32))
+        torch._foreach_mul_(params, 1 - decay * lr)
 
 
 def _count(state: dict) -> int:
@@ -45,7 +46,27 @@ def _slot(state: dict, name: str, param: torch.Tensor) -> torch.Tensor:
     return slot
 
 
-class KerasSGD(torch.optim.Optimizer):
+class _KerasRule(torch.optim.Optimizer):
+    """The learning rate as Keras's optimizer reads it: a float32 variable, or its
+    ``LearningRateSchedule`` (``lr_schedule``: Keras's serialized schedule, deserialized here,
+    on the ps, once) of ``iterations``, the updates before this one."""
+
+    _schedule: tuple[str, Any] | None = None
+
+    def _rate(self, group: dict, iterations: int) -> torch.Tensor:
+        config = group.get("lr_schedule")
+        if not config:
+            return torch.tensor(group["lr"], dtype=torch.float32)
+        text = json.dumps(config, sort_keys=True)
+        if self._schedule is None or self._schedule[0] != text:
+            import keras  # only a ps that runs a schedule imports Keras
+
+            self._schedule = (text, keras.optimizers.schedules.deserialize(config))
+        rate = self._schedule[1](torch.tensor(iterations, dtype=torch.int64))
+        return torch.as_tensor(rate, dtype=torch.float32)
+
+
+class KerasSGD(_KerasRule):
     """``keras.optimizers.SGD(learning_rate, momentum, nesterov, weight_decay)``'s update."""
 
     def __init__(
@@ -55,8 +76,15 @@ class KerasSGD(torch.optim.Optimizer):
         momentum: float = 0.0,
         nesterov: bool = False,
         weight_decay: float | None = None,
+        lr_schedule: dict | None = None,
     ) -> None:
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            lr_schedule=lr_schedule,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -65,9 +93,9 @@ class KerasSGD(torch.optim.Optimizer):
             params, grads = _with_gradients(group)
             if not params:
                 continue
-            _decay(params, group)
-            _count(self.state[params[0]])
-            lr, momentum = group["lr"], group["momentum"]
+            lr = self._rate(group, _count(self.state[params[0]]) - 1)
+            _decay(params, group, lr)
+            momentum = group["momentum"]
             if not momentum:
                 torch._foreach_add_(params, grads, alpha=-lr)
                 continue
@@ -82,7 +110,7 @@ class KerasSGD(torch.optim.Optimizer):
         return None
 
 
-class KerasAdam(torch.optim.Optimizer):
+class KerasAdam(_KerasRule):
     """``keras.optimizers.Adam`` / ``AdamW``'s update (AdamW: Adam with ``weight_decay``);
     ``step`` counts this optimizer's updates, as Keras's ``iterations`` counts its applies."""
 
@@ -95,6 +123,7 @@ class KerasAdam(torch.optim.Optimizer):
         epsilon: float = 1e-7,
         amsgrad: bool = False,
         weight_decay: float | None = None,
+        lr_schedule: dict | None = None,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -103,6 +132,7 @@ class KerasAdam(torch.optim.Optimizer):
             epsilon=epsilon,
             amsgrad=amsgrad,
             weight_decay=weight_decay,
+            lr_schedule=lr_schedule,
         )
         super().__init__(params, defaults)
 
@@ -115,10 +145,11 @@ class KerasAdam(torch.optim.Optimizer):
         return None
 
     def _update(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        _decay(params, group)
         step = _count(self.state[params[0]])
+        rate = self._rate(group, step - 1)
+        _decay(params, group, rate)
         dtype = params[0].dtype
-        lr = torch.tensor(group["lr"], dtype=torch.float32).to(dtype)
+        lr = rate.to(dtype)
         local_step = torch.tensor(step, dtype=torch.int64).to(dtype)
         beta_1, beta_2 = group["beta_1"], group["beta_2"]
         beta_1_power = torch.pow(torch.tensor(beta_1, dtype=dtype), local_step)
