@@ -16,8 +16,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 __all__ = ["KerasAdam", "KerasSGD"]
+
+_Tensors = list[Tensor]
 
 
 def _with_gradients(group: dict) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -47,11 +50,23 @@ def _slot(state: dict, name: str, param: torch.Tensor) -> torch.Tensor:
 
 
 class _KerasRule(torch.optim.Optimizer):
-    """The learning rate as Keras's optimizer reads it: a float32 variable, or its
+    """What Keras's optimizers share: the learning rate, a float32 variable or its
     ``LearningRateSchedule`` (``lr_schedule``: Keras's serialized schedule, deserialized here,
-    on the ps, once) of ``iterations``, the updates before this one."""
+    on the ps, once) of ``iterations`` (the updates before this one), and the weight decay
+    applied before the update rule (``_update``)."""
 
     _schedule: tuple[str, Any] | None = None
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float,
+        weight_decay: float | None,
+        lr_schedule: dict | None,
+        **rule: Any,
+    ) -> None:
+        defaults = dict(lr=lr, weight_decay=weight_decay, lr_schedule=lr_schedule, **rule)
+        super().__init__(params, defaults)
 
     def _rate(self, group: dict, iterations: int) -> torch.Tensor:
         config = group.get("lr_schedule")
@@ -64,6 +79,23 @@ class _KerasRule(torch.optim.Optimizer):
             self._schedule = (text, keras.optimizers.schedules.deserialize(config))
         rate = self._schedule[1](torch.tensor(iterations, dtype=torch.int64))
         return torch.as_tensor(rate, dtype=torch.float32)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        for group in self.param_groups:
+            params, grads = _with_gradients(group)
+            if not params:
+                continue
+            step = _count(self.state[params[0]])
+            lr = self._rate(group, step - 1)
+            _decay(params, group, lr)
+            self._update(group, params, grads, lr, step)
+        return None
+
+    def _update(
+        self, group: dict, params: _Tensors, grads: _Tensors, lr: Tensor, step: int
+    ) -> None:
+        raise NotImplementedError
 
 
 class KerasSGD(_KerasRule):
@@ -78,36 +110,25 @@ class KerasSGD(_KerasRule):
         weight_decay: float | None = None,
         lr_schedule: dict | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            nesterov=nesterov,
-            weight_decay=weight_decay,
-            lr_schedule=lr_schedule,
+        super().__init__(
+            params, lr, weight_decay, lr_schedule, momentum=momentum, nesterov=nesterov
         )
-        super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        for group in self.param_groups:
-            params, grads = _with_gradients(group)
-            if not params:
-                continue
-            lr = self._rate(group, _count(self.state[params[0]]) - 1)
-            _decay(params, group, lr)
-            momentum = group["momentum"]
-            if not momentum:
-                torch._foreach_add_(params, grads, alpha=-lr)
-                continue
-            bufs = [_slot(self.state[p], "momentum", p) for p in params]
-            torch._foreach_mul_(bufs, momentum)
-            torch._foreach_add_(bufs, grads, alpha=-lr)
-            if group["nesterov"]:
-                torch._foreach_add_(params, grads, alpha=-lr)
-                torch._foreach_add_(params, bufs, alpha=momentum)
-            else:
-                torch._foreach_add_(params, bufs)
-        return None
+    def _update(
+        self, group: dict, params: _Tensors, grads: _Tensors, lr: Tensor, step: int
+    ) -> None:
+        momentum = group["momentum"]
+        if not momentum:
+            torch._foreach_add_(params, grads, alpha=-lr)
+            return
+        bufs = [_slot(self.state[p], "momentum", p) for p in params]
+        torch._foreach_mul_(bufs, momentum)
+        torch._foreach_add_(bufs, grads, alpha=-lr)
+        if group["nesterov"]:
+            torch._foreach_add_(params, grads, alpha=-lr)
+            torch._foreach_add_(params, bufs, alpha=momentum)
+        else:
+            torch._foreach_add_(params, bufs)
 
 
 class KerasAdam(_KerasRule):
@@ -125,31 +146,14 @@ class KerasAdam(_KerasRule):
         weight_decay: float | None = None,
         lr_schedule: dict | None = None,
     ) -> None:
-        defaults = dict(
-            lr=lr,
-            beta_1=beta_1,
-            beta_2=beta_2,
-            epsilon=epsilon,
-            amsgrad=amsgrad,
-            weight_decay=weight_decay,
-            lr_schedule=lr_schedule,
-        )
-        super().__init__(params, defaults)
+        rule = dict(beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, amsgrad=amsgrad)
+        super().__init__(params, lr, weight_decay, lr_schedule, **rule)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        for group in self.param_groups:
-            params, grads = _with_gradients(group)
-            if params:
-                self._update(group, params, grads)
-        return None
-
-    def _update(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        step = _count(self.state[params[0]])
-        rate = self._rate(group, step - 1)
-        _decay(params, group, rate)
+    def _update(
+        self, group: dict, params: _Tensors, grads: _Tensors, lr: Tensor, step: int
+    ) -> None:
         dtype = params[0].dtype
-        lr = rate.to(dtype)
+        lr = lr.to(dtype)
         local_step = torch.tensor(step, dtype=torch.int64).to(dtype)
         beta_1, beta_2 = group["beta_1"], group["beta_2"]
         beta_1_power = torch.pow(torch.tensor(beta_1, dtype=dtype), local_step)
