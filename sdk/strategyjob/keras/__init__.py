@@ -22,6 +22,10 @@ What each strategy does with a bound model:
   ``predict`` returns every row on every worker (see ``_binding``); ``BackupAndRestore`` is
   written by the chief and resumed at its saved batch, and a SIGTERM during ``fit`` backs up
   after the same batch on every worker and exits 143 (``_callbacks``, ``_preemption``);
+* ``ParameterServerStrategy``: the chief runs ``fit`` as the coordinator, as TF's Keras does
+  (a ``DatasetCreator``, ``steps_per_epoch`` required, each step scheduled onto a worker, the
+  update applied once per step on the ps, ``evaluate`` / ``predict`` on the chief; see ``_ps``),
+  or in an evaluator task by ``SidecarEvaluator`` (``_sidecar``);
 * ``keras.metrics`` created in a MultiWorkerMirroredStrategy's scope read their global value
   outside ``strategy.run``, and a compiled Keras model built outside every scope is refused
   when called in one (``_watch``); under MirroredStrategy and CentralStorageStrategy the
@@ -42,10 +46,12 @@ from strategyjob.keras._backend import (
     check_keras_backend,
 )
 from strategyjob.keras._capture import on_module_in_scope, strategy_of
+from strategyjob.keras._dataset_creator import DatasetCreator
+from strategyjob.keras._sidecar import SidecarEvaluator
 from strategyjob.keras._watch import watch_name_scopes
 from strategyjob.strategies.base import add_scope_entry_check
 
-__all__ = ["MAX_KERAS", "MIN_KERAS", "strategy_of"]
+__all__ = ["MAX_KERAS", "MIN_KERAS", "DatasetCreator", "SidecarEvaluator", "strategy_of"]
 
 add_scope_entry_check(check_keras_backend)
 add_scope_entry_check(watch_name_scopes)

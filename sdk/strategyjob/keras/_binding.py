@@ -6,10 +6,12 @@ its methods up on the instance: ``fit`` calls ``self.train_step`` through its tr
 method for the real work.
 
 :func:`bind` picks the binding by strategy: none for ``OneDeviceStrategy`` (plain Keras),
-``_local.LocalReplicasBinding`` for MirroredStrategy and CentralStorageStrategy (several
-replicas in one process), a refusal naming the alternative for what cannot run exactly
-(:func:`unsupported_reason`), and for ``MultiWorkerMirroredStrategy`` (one replica per worker)
-``MultiWorkerBinding``, which sets:
+``_ps.PSBinding`` for ``ParameterServerStrategy`` (``compile`` / ``fit`` / ``evaluate`` /
+``predict`` / ``save`` / ``save_weights`` / ``load_weights``: the coordinator's fit; see
+``_ps``), ``_local.LocalReplicasBinding`` for MirroredStrategy and CentralStorageStrategy
+(several replicas in one process), a refusal naming the alternative for what cannot run
+exactly (:func:`unsupported_reason`), and for ``MultiWorkerMirroredStrategy`` (one replica per
+worker) ``MultiWorkerBinding``, which sets:
 
 * ``fit`` / ``evaluate`` / ``predict`` / ``compile``: run in the strategy's scope (as TF's
   Keras does); ``fit`` also seeds torch's generator with the chief's seed for its duration, so
@@ -64,6 +66,7 @@ from strategyjob.strategies.central_storage import CentralStorageStrategy
 from strategyjob.strategies.mirrored import MirroredStrategy
 from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 from strategyjob.strategies.one_device import OneDeviceStrategy
+from strategyjob.strategies.parameter_server import ParameterServerStrategy
 
 __all__ = ["MultiWorkerBinding", "bind", "unsupported_reason"]
 
@@ -94,6 +97,11 @@ def bind(model: keras.Model, strategy: Any) -> None:
     """Make ``model``'s training methods use ``strategy`` (called once, when it is captured)."""
     if isinstance(strategy, OneDeviceStrategy):
         return  # one replica: plain Keras computes exactly what the strategy would
+    if isinstance(strategy, ParameterServerStrategy):
+        from strategyjob.keras._ps import PSBinding  # the coordinator's fit (``_ps``)
+
+        PSBinding(model, strategy).install()
+        return
     reason = unsupported_reason(strategy)
     if reason is not None:
         for name in ENTRY_POINTS:

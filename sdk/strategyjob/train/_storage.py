@@ -25,6 +25,7 @@ __all__ = [
     "STATE_FILENAME",
     "CheckpointState",
     "atomic_write",
+    "atomic_write_path",
     "get_checkpoint_state",
     "latest_checkpoint",
     "remove_stale_temporaries",
@@ -54,27 +55,57 @@ def _fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def _replace_with(path: str, tmp: str, write: Callable[[], Any]) -> Any:
+    """``write()`` (which writes ``tmp``, flushed to disk), then ``tmp`` replaces ``path``; on
+    any failure ``tmp`` is removed and ``path`` left as it was."""
+    try:
+        result = write()
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_directory(os.path.dirname(os.path.abspath(path)))
+    return result
+
+
 def atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
     """Write ``path`` through ``write(file)`` so that it is either complete or absent.
 
     The temporary file lives in the same directory (a rename is atomic only within one file
     system) and is created with the process's umask, like any file the user writes.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = _temporary_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
+
+    def write_tmp() -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(directory)
+
+    _replace_with(path, tmp, write_tmp)
+
+
+def atomic_write_path(path: str, write: Callable[[str], Any]) -> Any:
+    """``atomic_write`` for writers that take a path (Keras's ``save_weights``): ``write`` gets
+    a temporary path in the same directory that ends as ``path`` does (Keras checks the
+    ending), which then replaces ``path``; returns what ``write`` returns."""
+    directory, base = os.path.split(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.getpid()}-{secrets.token_hex(4)}{_TMP_MARK}-{base}")
+
+    def write_tmp() -> Any:
+        result = write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return result
+
+    return _replace_with(path, tmp, write_tmp)
 
 
 def remove_stale_temporaries(directory: str, names: Sequence[str]) -> list[str]:

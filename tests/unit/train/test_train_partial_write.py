@@ -101,3 +101,26 @@ def test_killed_at_any_point_of_a_write_leaves_only_complete_checkpoints(tmp_pat
     for path in train.get_checkpoint_state(directory).all_model_checkpoint_paths:
         n = int(path.rsplit("-", 1)[1])
         assert torch.all(_restored(path) == float(n))
+
+
+def test_atomic_write_path_replaces_or_leaves_the_file(tmp_path) -> None:
+    """A writer that takes a path (Keras's save_weights) gets a temporary path ending as the
+    target does; its file replaces the target, and a failed write leaves the target as it was
+    and no temporary behind."""
+    from strategyjob.train._storage import atomic_write_path
+
+    target = tmp_path / "ckpt-1.weights.h5"
+    target.write_text("old")
+    seen = []
+
+    def fail(path: str) -> None:
+        seen.append(path)
+        Path(path).write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_path(str(target), fail)
+    assert seen[0].endswith(".weights.h5") and Path(seen[0]).parent == tmp_path
+    assert target.read_text() == "old" and os.listdir(tmp_path) == [target.name]
+    assert atomic_write_path(str(target), lambda path: Path(path).write_text("new")) == 3
+    assert target.read_text() == "new" and os.listdir(tmp_path) == [target.name]
