@@ -12,6 +12,9 @@ changed. It sees:
   (MirroredStrategy's replicas share one metric already): the metric is captured, and its
   ``result()`` read outside ``strategy.run`` gives the value over every worker (its variables
   summed, as TF's sync-on-read metric variables), while its updates stay local;
+* ``compile`` in such a scope of a model with no weights yet (no input shape): refused, since
+  its weights would be created later, by ``fit``, undistributed (a ``fit`` in scope that
+  builds a compiled, unbound model is refused alike);
 * a compiled Keras model built outside every scope being called in scope (by ``fit`` /
   ``evaluate`` / ``predict`` or directly) in the scope of MultiWorkerMirroredStrategy,
   MirroredStrategy or CentralStorageStrategy: refused, since training it would compute each
@@ -42,6 +45,17 @@ BUILT_OUTSIDE_SCOPE = (
     "batch on one replica (and repeat it on every worker). Build the model (with its input "
     "shape, so that its weights are created) inside `with strategy.scope():`."
 )
+
+NO_WEIGHTS_IN_SCOPE = (
+    "The Keras model {name!r} has no weights yet, so {strategy} cannot distribute it: "
+    "{strategy} binds a model when its weights are created in strategy.scope(), and this "
+    "one's would be created later, by fit, on each worker alone. Give it its input shape "
+    "(keras.Input((...)) as its first layer, or model.build(input_shape)) inside "
+    "`with strategy.scope():`, before compile."
+)
+#: How far up the stack a metric's or optimizer's name scope looks for the ``compile`` that
+#: creates it (Keras 3.10 - 3.15: 3 to 6 frames).
+_COMPILE_FRAMES = 12
 
 _captured: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -77,9 +91,27 @@ def _on_name_scope(caller: Any) -> None:
     strategy = strategyjob.get_strategy()
     metric_module = sys.modules.get("keras.src.metrics.metric")
     model_module = sys.modules.get("keras.src.models.model")
+    optimizer_module = sys.modules.get("keras.src.optimizers.base_optimizer")
+    distributing = (MultiWorkerMirroredStrategy, MirroredStrategy, CentralStorageStrategy)
+    if isinstance(strategy, distributing) and (
+        (metric_module is not None and isinstance(caller, metric_module.Metric))
+        or (optimizer_module is not None and isinstance(caller, optimizer_module.BaseOptimizer))
+    ):
+        _refuse_weightless_compile(model_module, strategy)
     if metric_module is not None and isinstance(caller, metric_module.Metric):
         if isinstance(strategy, MultiWorkerMirroredStrategy):
             _capture_metric(caller, strategy)
+    elif (
+        model_module is not None
+        and isinstance(caller, model_module.Model)
+        and isinstance(strategy, distributing)
+        and not caller.built
+        and getattr(caller, "compiled", False)
+        and strategy_of(caller) is None
+    ):  # built now, by fit / evaluate / predict in scope: too late to be bound
+        raise RuntimeError(
+            NO_WEIGHTS_IN_SCOPE.format(name=caller.name, strategy=type(strategy).__name__)
+        )
     elif (
         model_module is not None
         and isinstance(caller, model_module.Model)
@@ -93,6 +125,27 @@ def _on_name_scope(caller: Any) -> None:
         raise RuntimeError(
             BUILT_OUTSIDE_SCOPE.format(name=caller.name, strategy=type(strategy).__name__)
         )
+
+
+def _refuse_weightless_compile(model_module: Any, strategy: Any) -> None:
+    """A metric or optimizer made by ``compile`` in a distributing strategy's scope: refuse
+    compiling a model that has no weights and is not bound (built without an input shape), which
+    would otherwise train undistributed, repeating the work on every worker. Keras gives no
+    hook for a model's construction, so the ``compile`` frame's model is read off the stack."""
+    if model_module is None:
+        return
+    frame = sys._getframe(2)
+    for _ in range(_COMPILE_FRAMES):
+        if frame is None:
+            return
+        model = frame.f_locals.get("self") if frame.f_code.co_name == "compile" else None
+        if isinstance(model, model_module.Model):
+            if not model.built and strategy_of(model) is None:
+                raise RuntimeError(
+                    NO_WEIGHTS_IN_SCOPE.format(name=model.name, strategy=type(strategy).__name__)
+                )
+            return
+        frame = frame.f_back
 
 
 def is_captured_metric(metric: Any) -> bool:
