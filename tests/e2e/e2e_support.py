@@ -19,7 +19,8 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,14 +249,66 @@ class Namespace:
     def signal(self, pod: str, name: str) -> None:
         """Send signal ``name`` (``KILL``, ``STOP``) to the pod's training process from inside
         its kind node (the container's first process ignores signals sent from inside it)."""
-        assert self.cluster.kind is not None, "signals reach a pod's process on kind only"
+        node, container = self._container(pod)
+        pid = _crictl_info(node, "inspect", container, "pid")
+        assert pid not in ("", "0"), f"pod {pod}'s container {container} is not running"
+        _in_node(node, "kill", f"-{name}", pid)
+
+    @contextmanager
+    def cut(self, pod: str, peer: str) -> Iterator[None]:
+        """Drop every packet between pods ``pod`` and ``peer``, both ways, as a failed link or
+        a firewall would: both stay alive and keep their connections, but nothing passes. The
+        rules are put in ``pod``'s network namespace (its sandbox's, entered from its kind
+        node), so they can reach nothing else and go with the pod whatever happens; they are
+        removed on leaving the block if the sandbox is still there."""
+        node, container = self._container(pod)
+        peer_pod = self.pod(peer)
+        assert peer_pod is not None and peer_pod.status.pod_ip, f"pod {peer} has no address"
+        address = peer_pod.status.pod_ip
+        sandbox = _crictl_info(node, "inspect", container, "sandboxID")
+        assert sandbox, f"pod {pod}'s container {container} is gone"
+        rules = [["INPUT", "-s", address, "-j", "DROP"], ["OUTPUT", "-d", address, "-j", "DROP"]]
+
+        def iptables(action: str, rule: list[str], pid: str) -> bool:
+            argv = ["docker", "exec", node, "nsenter", "-t", pid, "-n", "iptables", "-w"]
+            return run([*argv, action, *rule], timeout=60, check=action == "-I").returncode == 0
+
+        def sandbox_pid() -> str | None:
+            """Its process's; None once it is stopped (its namespace gone) or removed."""
+            pid = _crictl_info(node, "inspectp", sandbox, "pid")
+            return pid if pid not in ("", "0") else None
+
+        pid = sandbox_pid()
+        assert pid, f"pod {pod} has no running sandbox"
+        added: list[list[str]] = []
+        try:
+            for rule in rules:
+                iptables("-I", rule, pid)
+                added.append(rule)
+            yield
+        finally:
+            # Once the sandbox stops (the pod deleted, even meanwhile), the rules are gone with
+            # its network namespace.
+            for rule in added:
+                if (pid := sandbox_pid()) and not iptables("-D", rule, pid) and sandbox_pid():
+                    raise AssertionError(f"pod {pod}: the rule {rule} could not be removed")
+
+    def _container(self, pod: str) -> tuple[str, str]:
+        """The kind node of pod ``pod`` and the ID of its (first) container."""
+        assert self.cluster.kind is not None, "a pod's processes are reached on kind only"
         obj = self.pod(pod)
         assert obj is not None, f"pod {pod} does not exist"
-        container = obj.status.container_statuses[0].container_id.split("://", 1)[1]
-        node = obj.spec.node_name
-        pid = _in_node(node, "crictl", "inspect", "--output", "go-template",
-                       "--template", "{{.info.pid}}", container).strip()  # fmt: skip
-        _in_node(node, "kill", f"-{name}", pid)
+        return obj.spec.node_name, obj.status.container_statuses[0].container_id.split("://")[1]
+
+
+def _crictl_info(node: str, command: str, id: str, field: str) -> str:
+    """``crictl <command> <id>``'s ``info.<field>`` in kind node ``node``: ``inspect`` for a
+    container, ``inspectp`` for a pod sandbox (``pid``: its first process's, as the node sees
+    it; ``0`` once it is stopped); '' if crictl knows no such ``id``."""
+    template = f"{{{{.info.{field}}}}}"
+    argv = ["crictl", command, "--output", "go-template", "--template", template, id]
+    found = run(["docker", "exec", node, *argv], timeout=60, check=False)
+    return found.stdout.strip() if found.returncode == 0 else ""
 
 
 def _in_node(node: str, *command: str) -> str:
