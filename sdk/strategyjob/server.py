@@ -1,7 +1,8 @@
 """``python -m strategyjob.server``: serve this task of a ParameterServerStrategy cluster.
 
 Reads ``TF_CONFIG`` (cluster and own task) and runs a :class:`strategyjob.Server` for it until
-killed, so the worker and ps replicas of a StrategyJob need nothing but this command.
+stopped (SIGTERM, also as a container's first process), so the worker and ps replicas of a
+StrategyJob need nothing but this command.
 
 Closed by default: a server runs the code its callers ship, so it refuses to start without
 ``STRATEGYJOB_TOKEN`` (the operator and ``strategyjob run`` set it; every call must carry it)
@@ -21,6 +22,7 @@ import argparse
 import ctypes
 import logging
 import os
+import signal
 import sys
 
 from strategyjob import _names
@@ -125,7 +127,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve until killed; 2 (after one line on stderr) for a bad configuration."""
+    """Serve until stopped (SIGTERM: exit 143); 2 (after one line on stderr) for a bad
+    configuration."""
     args = _parser().parse_args(argv)
     logging.basicConfig(format="%(name)s: %(levelname)s: %(message)s")
     _tune_process()
@@ -175,8 +178,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{resolver.task_id}",
         flush=True,
     )
-    server.join()
+    # A container's first process ignores a signal it has no handler for: without this, every
+    # ps and worker pod sat out its whole grace period (60 s) each time its job restarted or
+    # ended. SIGTERM stops serving at once; the exit status says which signal, as a shell's.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        server.join()
+    finally:
+        server.stop(0)
     return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

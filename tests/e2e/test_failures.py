@@ -150,7 +150,7 @@ def test_a_frozen_mirrored_worker_is_named_its_peer_exits_and_the_job_resumes(
     assert RESUMED.search(ns.logs("digits-mwms-worker-0")), ns.logs("digits-mwms-worker-0")
 
 
-#: The grace period of the pods whose process ignores SIGTERM (see below).
+#: The grace period of the frozen ps's pod, which cannot handle SIGTERM (see below).
 GRACE = 10
 
 
@@ -165,10 +165,11 @@ def test_a_frozen_ps_restarts_the_job_naming_it_and_a_killed_chief_ends_it(ns: N
         pytest.skip("a pod's process can be frozen only on kind (from inside its node)")
     manifest = example("digits_ps", env={"chief": {"STEPS": "6000", "LOG_EVERY": "30"}})
     manifest["spec"]["runPolicy"]["backoffLimit"] = 1
-    # The frozen ps cannot handle the SIGTERM of its pod's deletion, and `python -m
-    # strategyjob.server` (the workers' and the ps's first process) does not handle it either:
-    # each sits out its pod's grace period (the operator's default: 60 s, measured) before the
-    # SIGKILL, and the restarted job's pods wait for them. A short one keeps the test short.
+    # The frozen ps cannot handle the SIGTERM of its pod's deletion (the kubelet sends no
+    # SIGCONT): it sits out its pod's grace period (the operator's default: 60 s) before the
+    # SIGKILL, and the restarted job's pods wait for it. A short one keeps the test short.
+    # (`python -m strategyjob.server` itself stops at once on SIGTERM:
+    # tests/ps/test_hardening_server.py.)
     for serving in ("worker", "ps"):
         pod_spec = manifest["spec"]["replicaSpecs"][serving]["template"]["spec"]
         pod_spec["terminationGracePeriodSeconds"] = GRACE
