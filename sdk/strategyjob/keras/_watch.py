@@ -13,8 +13,9 @@ changed. It sees:
   ``result()`` read outside ``strategy.run`` gives the value over every worker (its variables
   summed, as TF's sync-on-read metric variables), while its updates stay local;
 * ``compile`` in such a scope of a model with no weights yet (no input shape): refused, since
-  its weights would be created later, by ``fit``, undistributed (a ``fit`` in scope that
-  builds a compiled, unbound model is refused alike);
+  its weights would be created later, by ``fit``, undistributed; and a compiled, unbound model
+  being built by ``fit`` / ``evaluate`` / ``predict``, in such a scope or, having been made
+  in one (its automatic name given there, seen through Keras's name counters), outside;
 * a compiled Keras model built outside every scope being called in scope (by ``fit`` /
   ``evaluate`` / ``predict`` or directly) in the scope of MultiWorkerMirroredStrategy,
   MirroredStrategy or CentralStorageStrategy: refused, since training it would compute each
@@ -28,6 +29,7 @@ Tested with Keras ``_backend.MIN_KERAS`` to ``_backend.MAX_KERAS`` (``name_scope
 
 from __future__ import annotations
 
+import collections
 import sys
 import types
 import weakref
@@ -70,18 +72,66 @@ class _WatchedStack(list):  # type: ignore[type-arg]
         super().append(entry)
 
 
+class _WatchedNames(collections.defaultdict):  # type: ignore[type-arg]
+    """Keras's counters of automatic object names for one thread (``naming.uniquify``),
+    noting each name given in a distributing strategy's scope: the one trace Keras leaves of
+    a model made there before it has weights (it has no hook for construction)."""
+
+    def __setitem__(self, prefix: Any, count: Any) -> None:
+        super().__setitem__(prefix, count)
+        if isinstance(count, int) and count > 0:
+            strategy = _distributing_strategy()
+            if strategy is not None:  # uniquify's name: the prefix, then prefix_1, prefix_2...
+                name = prefix if count == 1 else f"{prefix}_{count - 1}"
+                _named_in_scope[name] = type(strategy).__name__
+
+
+#: Automatic names given in a distributing strategy's scope, with the strategy's class name.
+_named_in_scope: dict[str, str] = {}
+
+
 def watch_name_scopes(strategy: Any) -> None:
-    """Scope-entry hook: make this thread's Keras name-scope stack a watched one (once; again
-    after ``keras.backend.clear_session()``, which drops it). A no-op before Keras loads."""
+    """Scope-entry hook: make this thread's Keras name-scope stack and automatic-name counters
+    watched ones (once; again after ``keras.backend.clear_session()``, which drops them). A
+    no-op before Keras loads."""
     state = sys.modules.get("keras.src.backend.common.global_state")
     if state is None:
         return
     stack = state.get_global_attribute("name_scope_stack")
     if not isinstance(stack, _WatchedStack):
         state.set_global_attribute("name_scope_stack", _WatchedStack(stack or ()))
+    names = state.get_global_attribute("object_name_uids")
+    if not isinstance(names, _WatchedNames):
+        state.set_global_attribute("object_name_uids", _WatchedNames(int, names or {}))
+
+
+def _distributing_strategy() -> Any:
+    """The strategy whose scope is entered, if it distributes Keras models across replicas."""
+    if not strategyjob.has_strategy():
+        return None
+    from strategyjob.strategies.central_storage import CentralStorageStrategy
+    from strategyjob.strategies.mirrored import MirroredStrategy
+    from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
+
+    strategy = strategyjob.get_strategy()
+    distributing = (MultiWorkerMirroredStrategy, MirroredStrategy, CentralStorageStrategy)
+    return strategy if isinstance(strategy, distributing) else None
 
 
 def _on_name_scope(caller: Any) -> None:
+    model_module = sys.modules.get("keras.src.models.model")
+    if (
+        model_module is not None
+        and isinstance(caller, model_module.Model)
+        and not caller.built
+        and getattr(caller, "compiled", False)
+        and strategy_of(caller) is None
+    ):  # built now, by fit / evaluate / predict: too late to be bound
+        made_in = _named_in_scope.get(caller.name)
+        strategy = _distributing_strategy()
+        if strategy is not None or made_in is not None:
+            name = type(strategy).__name__ if strategy is not None else made_in
+            raise RuntimeError(NO_WEIGHTS_IN_SCOPE.format(name=caller.name, strategy=name))
     if not strategyjob.has_strategy():
         return
     from strategyjob.strategies.central_storage import CentralStorageStrategy
@@ -90,7 +140,6 @@ def _on_name_scope(caller: Any) -> None:
 
     strategy = strategyjob.get_strategy()
     metric_module = sys.modules.get("keras.src.metrics.metric")
-    model_module = sys.modules.get("keras.src.models.model")
     optimizer_module = sys.modules.get("keras.src.optimizers.base_optimizer")
     distributing = (MultiWorkerMirroredStrategy, MirroredStrategy, CentralStorageStrategy)
     if isinstance(strategy, distributing) and (
@@ -101,17 +150,6 @@ def _on_name_scope(caller: Any) -> None:
     if metric_module is not None and isinstance(caller, metric_module.Metric):
         if isinstance(strategy, MultiWorkerMirroredStrategy):
             _capture_metric(caller, strategy)
-    elif (
-        model_module is not None
-        and isinstance(caller, model_module.Model)
-        and isinstance(strategy, distributing)
-        and not caller.built
-        and getattr(caller, "compiled", False)
-        and strategy_of(caller) is None
-    ):  # built now, by fit / evaluate / predict in scope: too late to be bound
-        raise RuntimeError(
-            NO_WEIGHTS_IN_SCOPE.format(name=caller.name, strategy=type(strategy).__name__)
-        )
     elif (
         model_module is not None
         and isinstance(caller, model_module.Model)
