@@ -120,42 +120,34 @@ def _distributing_strategy() -> Any:
 
 def _on_name_scope(caller: Any) -> None:
     model_module = sys.modules.get("keras.src.models.model")
+    is_model = model_module is not None and isinstance(caller, model_module.Model)
+    strategy = _distributing_strategy()
     if (
-        model_module is not None
-        and isinstance(caller, model_module.Model)
+        is_model
         and not caller.built
         and getattr(caller, "compiled", False)
         and strategy_of(caller) is None
     ):  # built now, by fit / evaluate / predict: too late to be bound
         made_in = _named_in_scope.get(caller.name)
-        strategy = _distributing_strategy()
         if strategy is not None or made_in is not None:
             name = type(strategy).__name__ if strategy is not None else made_in
             raise RuntimeError(NO_WEIGHTS_IN_SCOPE.format(name=caller.name, strategy=name))
-    if not strategyjob.has_strategy():
+    if strategy is None:  # what follows concerns a distributing strategy's scope only
         return
-    from strategyjob.strategies.central_storage import CentralStorageStrategy
-    from strategyjob.strategies.mirrored import MirroredStrategy
     from strategyjob.strategies.multi_worker_mirrored import MultiWorkerMirroredStrategy
 
-    strategy = strategyjob.get_strategy()
     metric_module = sys.modules.get("keras.src.metrics.metric")
     optimizer_module = sys.modules.get("keras.src.optimizers.base_optimizer")
-    distributing = (MultiWorkerMirroredStrategy, MirroredStrategy, CentralStorageStrategy)
-    if isinstance(strategy, distributing) and (
-        (metric_module is not None and isinstance(caller, metric_module.Metric))
-        or (optimizer_module is not None and isinstance(caller, optimizer_module.BaseOptimizer))
+    is_metric = metric_module is not None and isinstance(caller, metric_module.Metric)
+    if is_metric or (
+        optimizer_module is not None and isinstance(caller, optimizer_module.BaseOptimizer)
     ):
         _refuse_weightless_compile(model_module, strategy)
-    if metric_module is not None and isinstance(caller, metric_module.Metric):
+    if is_metric:
         if isinstance(strategy, MultiWorkerMirroredStrategy):
             _capture_metric(caller, strategy)
     elif (
-        model_module is not None
-        and isinstance(caller, model_module.Model)
-        and isinstance(
-            strategy, (MultiWorkerMirroredStrategy, MirroredStrategy, CentralStorageStrategy)
-        )
+        is_model
         and caller.built
         and getattr(caller, "compiled", False)
         and strategy_of(caller) is None
