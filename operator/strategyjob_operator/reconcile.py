@@ -458,18 +458,13 @@ class Reconciler:
         pods: Sequence[Mapping[str, Any]],
         status: Mapping[str, Any],
     ) -> bool:
-        """Carry out a TFJob's ``replicas`` edit (:mod:`.scaling`): bring its PodGroup's
-        ``minMember`` to the new count (under a gang scheduler), delete the pods and
+        """Carry out a TFJob's ``replicas`` edit (:mod:`.scaling`): delete the pods and
         Services at indices it no longer has, create the Services, cluster ConfigMap and
-        pods of the indices it gained. True when pods were created (the pass ends: the next
-        one decides with them)."""
+        pods of the indices it gained; under a gang scheduler its PodGroup's ``minMember``
+        follows (through the job's objects when pods are created, else here). True when
+        pods were created (the pass ends: the next one decides with them)."""
         job, api, uid = loaded.job, self.api, job_obj["metadata"]["uid"]
         ns = job.namespace
-        scheduler = self.settings.gang_scheduler
-        if scheduler is not None:
-            owner = children.owner_reference(job_obj)
-            group = gang.build_pod_group(job, owner, scheduler, loaded.tfjob)
-            await self._sync_pod_group(scheduler, group)
         selector = f"{flavor.TF_LABEL_JOB_NAME}={job.name}"
         services = await api.list_metadata(api.core_path(ns, "services"), selector)
         doomed = scaling.surplus(job, pods, uid)
@@ -480,7 +475,13 @@ class Reconciler:
             await self._delete(api.core_path(ns, "services", name), uid=service_uid)
         new = scaling.added(job, services)
         if not new:
+            scheduler = self.settings.gang_scheduler
+            if scheduler is not None:  # no creation pass: nothing else brings the PodGroup
+                owner = children.owner_reference(job_obj)
+                group = gang.build_pod_group(job, owner, scheduler, loaded.tfjob)
+                await self._sync_pod_group(scheduler, group)
             return False
+        # _ensure_job_objects finds the job's PodGroup and moves its minMember first
         logger.info("%s %s/%s scaled up: creating %s", self.flavor.kind, ns, job.name, new)
         await self._ensure_job_objects(loaded, job_obj)
         outcome = await self._create_pods(loaded, job_obj, new, status)
