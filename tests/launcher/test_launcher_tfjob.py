@@ -93,17 +93,24 @@ def test_invalid_tfjob_starts_nothing_and_names_the_tfjob_field(tmp_path):
     ]
 
 
-def test_one_replica_tfjob_gets_no_tf_config_even_from_the_launcher(tmp_path):
-    (tmp_path / "one.py").write_text('import os\nprint("TF_CONFIG", os.environ.get("TF_CONFIG"))\n')
+def write_one_replica_tfjob(directory: Path, source: str, metadata: dict) -> Path:
+    """A TFJob of one Worker running ``python one.py`` with ``source``."""
+    (directory / "one.py").write_text(source)
     container = {"name": "tensorflow", "image": "tf:2", "command": ["python", "one.py"]}
     manifest = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
-        "metadata": {"name": "single"},
+        "metadata": metadata,
         "spec": {"tfReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [container]}}}}},
     }
-    path = tmp_path / "tfjob.yaml"
+    path = directory / "tfjob.yaml"
     path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def test_one_replica_tfjob_gets_no_tf_config_even_from_the_launcher(tmp_path):
+    source = 'import os\nprint("TF_CONFIG", os.environ.get("TF_CONFIG"))\n'
+    path = write_one_replica_tfjob(tmp_path, source, {"name": "single"})
     env = {**cli_env(), "TF_CONFIG": '{"cluster": {"worker": ["elsewhere:1"]}}'}
     result = run_cli(path, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -113,16 +120,7 @@ def test_one_replica_tfjob_gets_no_tf_config_even_from_the_launcher(tmp_path):
 def test_a_tfjob_named_by_generate_name_runs_under_a_generated_name(tmp_path):
     """Kubeflow's guide writes ``generateName`` (for ``kubectl create``): run names the job as
     the API server would, the prefix and five characters, instead of asking for a name."""
-    (tmp_path / "one.py").write_text("print('ran')\n")
-    container = {"name": "tensorflow", "image": "tf:2", "command": ["python", "one.py"]}
-    manifest = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": {"generateName": "mnist-"},
-        "spec": {"tfReplicaSpecs": {"Worker": {"template": {"spec": {"containers": [container]}}}}},
-    }
-    path = tmp_path / "tfjob.yaml"
-    path.write_text(yaml.safe_dump(manifest))
+    path = write_one_replica_tfjob(tmp_path, "print('ran')\n", {"generateName": "mnist-"})
     result = run_cli(path, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     last = result.stdout.splitlines()[-1]
