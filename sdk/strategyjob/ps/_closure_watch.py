@@ -96,20 +96,26 @@ def waiting_line(
     )
 
 
+def _beyond(seconds: float, limit: Bound) -> str:
+    return (
+        f"{seconds:.1f} s, longer than this job's stuck-peer bound of {_seconds(limit.seconds)} "
+        f"({limit.how})"
+    )
+
+
 def taken_out_line(function: str, worker: str, seconds: float, limit: Bound) -> str:
     """What the coordinator says when it takes ``worker`` out for a stuck closure."""
-    return (
-        f"coordinator takes {worker} out: closure {function} ran {seconds:.1f} s there, longer "
-        f"than this job's stuck-peer bound of {_seconds(limit.seconds)} ({limit.how}). It is "
-        f"rescheduled on another worker; {worker} gets no closure until that one ends (its result "
-        f"is then dropped, and the ps skips its updates: each step is applied once). {_RAISE}"
+    then = (
+        f"It is rescheduled on another worker; {worker} gets no closure until that one ends (its "
+        "result is then dropped, and the ps skips its updates: each step is applied once)."
     )
+    verdict = f"coordinator takes {worker} out: closure {function} ran {_beyond(seconds, limit)}."
+    return " ".join((verdict, then, _RAISE))
 
 
 def stuck_message(function: str, worker: str, seconds: float, limit: Bound) -> str:
     """The ``DeadlineExceededError`` when no worker is left to run a stuck closure."""
     return (
-        f"Closure {function} on {worker} did not complete: it ran {seconds:.1f} s, longer than "
-        f"this job's stuck-peer bound of {_seconds(limit.seconds)} ({limit.how}), and no other "
-        f"worker is left to run it (every worker is taken out as stuck). {_RAISE}"
+        f"Closure {function} on {worker} did not complete: it ran {_beyond(seconds, limit)}, and "
+        f"no other worker is left to run it (every worker is taken out as stuck). {_RAISE}"
     )

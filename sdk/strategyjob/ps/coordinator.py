@@ -591,10 +591,11 @@ class _Worker:
         try:
             reply = self._execute(closure)
         except _WorkerFailure:
-            if self._ended(thread):
+            if self._ended(thread, lost=True):
                 raise
+            self._down.set()  # lost while taken out: reconnect before taking closures again
             return None
-        if not self._ended(thread):
+        if not self._ended(thread, lost=False):
             return None
         coordinator = self._coordinator_ref()
         if coordinator is not None and not reply.error_kind:
@@ -602,15 +603,16 @@ class _Worker:
             coordinator._history.record(closure.function.digest, seconds)
         return reply
 
-    def _ended(self, thread: int) -> bool:
-        """The closure ``thread`` waited for ended; False if it had been taken out (the
-        worker then takes closures again, once none of its threads waits for a stuck one)."""
+    def _ended(self, thread: int, lost: bool) -> bool:
+        """The closure ``thread`` waited for ended (``lost``: with the worker); False if it
+        had been taken out (the worker then takes closures again, once none of its threads
+        waits for a stuck one)."""
         with self._watch_lock:
             if self._running.pop(thread, None) is not None:
                 return True
             self._taken_out.discard(thread)
             back = not self._taken_out
-        if back:
+        if back and not lost:
             _say(f"{self.name} finished its stuck closure; it takes closures again")
         return False
 

@@ -413,7 +413,7 @@ def test_a_slow_closure_within_the_bound_is_waited_for_and_named(make_cluster, m
     assert cluster.v.read_value().item() == 21
     assert len(cluster.transport.closures) == 21  # run once: not rescheduled
     err = capfd.readouterr().err
-    assert "takes" not in err, err
+    assert "coordinator takes" not in err, err
     worker = slow.fetch()
     line = f"s for closure _step on /job:worker/replica:0/task:{worker} (the longest completed "
     lines = [x for x in err.splitlines() if x.startswith("strategyjob: coordinator waiting ")]
