@@ -86,14 +86,13 @@ class History:
 
 
 def waiting_line(
-    function: str, worker: str, seconds: float, longest: float, limit: Bound | None
+    function: str, worker: str, seconds: float, completed: int, longest: float, limit: Bound | None
 ) -> str:
-    """The coordinator's periodic line while a closure runs longer than its function's ever did."""
+    """The coordinator's periodic line while a closure runs longer than its function's ever did
+    (``completed`` of them, the longest in ``longest`` seconds)."""
+    seen = f"the longest completed one took {longest:.1f} s" if completed else "none completed yet"
     then = f"; taken out at {_seconds(limit.seconds)}" if limit is not None else ""
-    return (
-        f"coordinator waiting {seconds:.0f} s for closure {function} on {worker} (the longest "
-        f"completed one took {longest:.1f} s{then})"
-    )
+    return f"coordinator waiting {seconds:.0f} s for closure {function} on {worker} ({seen}{then})"
 
 
 def _beyond(seconds: float, limit: Bound) -> str:

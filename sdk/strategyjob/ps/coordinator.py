@@ -861,7 +861,7 @@ class ClusterCoordinator:
                 return
             if running.reporter.due(now) and seconds > longest:
                 line = _closure_watch.waiting_line(
-                    function.name, worker.name, seconds, longest, limit
+                    function.name, worker.name, seconds, completed, longest, limit
                 )
                 _say(line)
 

@@ -55,8 +55,13 @@ def test_history_counts_completions_and_keeps_the_longest_per_function():
 
 def test_the_messages_name_the_worker_the_closure_how_long_and_how_to_raise_the_bound():
     limit = bound(StuckPolicy(floor=3.0, factor=10.0), completed=25, longest=0.2)
-    line = _closure_watch.waiting_line("train_step", WORKER, 10.2, 0.2, limit)
-    assert line.startswith(f"coordinator waiting 10 s for closure train_step on {WORKER} ")
+    line = _closure_watch.waiting_line("train_step", WORKER, 10.2, 25, 0.2, limit)
+    assert line == (
+        f"coordinator waiting 10 s for closure train_step on {WORKER} (the longest completed one "
+        "took 0.2 s; taken out at 3 s)"
+    )
+    first = _closure_watch.waiting_line("train_step", WORKER, 10.2, 0, 0.0, None)
+    assert first.endswith(f"on {WORKER} (none completed yet)")
     taken = _closure_watch.taken_out_line("train_step", WORKER, 3.1, limit)
     assert taken.startswith(f"coordinator takes {WORKER} out: closure train_step ran 3.1 s")
     error = _closure_watch.stuck_message("train_step", WORKER, 3.1, limit)
