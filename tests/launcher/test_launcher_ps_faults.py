@@ -34,7 +34,9 @@ sys.exit(server.main())
 """
 
 # The coordinator: rounds of four steps on the workers, each round joined and printed, until
-# ROUNDS; CHIEF_FAULT (kill, exit) ends its first attempt after round 3.
+# ROUNDS; CHIEF_FAULT (kill, exit) ends its first attempt after round 3. STALL_AFTER=n: after
+# round n one step sleeps 2 s ("slow"), after round n+1 a step on worker STUCK_WORKER (1)
+# blocks ("stuck-1").
 CHIEF = """
 import os, signal, sys, time
 import strategyjob
@@ -48,10 +50,24 @@ with strategy.scope():
 first = os.environ["STRATEGYJOB_RESTART_ATTEMPT"] == "0"
 fault = os.environ.get("CHIEF_FAULT") if first else None
 step_seconds = float(os.environ.get("STEP_SECONDS", "0"))
+stall_after = int(os.environ.get("STALL_AFTER", "0"))
+
+
+def stall():
+    from strategyjob.experimental.coordinator import get_current_worker_index
+
+    worker = get_current_worker_index()
+    for marker, seconds in (("slow", 2.0), (f"stuck-{worker}", 300.0)):
+        try:
+            os.remove(marker)  # the one step that removes it stalls
+        except FileNotFoundError:
+            continue
+        time.sleep(seconds)
 
 
 def step():
     time.sleep(step_seconds)
+    stall()
     return v.assign_add(1.0)
 
 
@@ -64,6 +80,9 @@ for n in range(1, int(os.environ.get("ROUNDS", "100000")) + 1):
         os.kill(os.getpid(), signal.SIGKILL)
     if n == 3 and fault == "exit":
         sys.exit(3)
+    if stall_after and n in (stall_after, stall_after + 1):
+        stuck = "stuck-" + os.environ.get("STUCK_WORKER", "1")
+        open("slow" if n == stall_after else stuck, "w").close()
     time.sleep(0.05)
 print("trained", float(v.read_value()), flush=True)
 """
@@ -231,3 +250,87 @@ def test_a_worker_that_never_joins_leaves_the_steps_to_the_others(tmp_path):
         launch.stop()
     assert "[chief-0] trained 20.0" in launch.text, launch.text
     assert "stopped ps-0, worker-0, worker-1" in launch.text[-1], launch.text[-1]
+
+
+def stall_env(**extra: str) -> dict[str, str]:
+    """CHIEF's slow step after round 6, its stuck one after round 7; a stuck-peer bound of 4 s
+    (the floor; the factor 1, so that the slow step's 2 s do not raise it)."""
+    return (
+        cli_env()
+        | {
+            "ROUNDS": "10",
+            "STALL_AFTER": "6",
+            "STEP_SECONDS": "0.05",
+            "STRATEGYJOB_STUCK_PEER_SECONDS": "4",
+            "STRATEGYJOB_STUCK_PEER_FACTOR": "1",
+            "STRATEGYJOB_WAITING_REPORT_SECONDS": "1",
+        }
+        | extra
+    )
+
+
+def test_a_worker_stuck_in_a_closure_is_taken_out_and_the_job_goes_on(tmp_path):
+    """After 24 steps (the bound's history), one step sleeps 2 s: under the bound (4 s, the
+    floor; the factor 1), it is waited for. The next round, worker 1 blocks in its step (alive:
+    its server answers): the coordinator names it while it waits, takes it out at the bound and
+    runs the step on worker 0; every step runs once, the job succeeds, worker 1 is stopped."""
+    manifest = ps_job(tmp_path, workers=2)
+    launch = Launch(manifest, stall_env(), "--grace-period", "5")
+    try:
+        assert launch.finish(120) == 0, launch.text
+    finally:
+        launch.stop()
+    text = launch.text
+    assert "[chief-0] trained 40.0" in text, text  # every step ran once
+    stuck = pid_of(tmp_path, "worker-1")
+    taken = [line for line in text if "strategyjob: coordinator takes " in line]
+    assert len(taken) == 1, text  # the slow step was not taken out
+    assert taken[0].startswith(
+        "[chief-0] strategyjob: coordinator takes /job:worker/replica:0/task:1 out: closure step "
+        "ran 4."
+    ), taken
+    assert "longer than this job's stuck-peer bound of 4 s (the larger of " in taken[0]
+    waiting = (
+        "s for closure step on /job:worker/replica:0/task:1 (the longest completed one took 2."
+    )
+    assert any(
+        line.startswith("[chief-0] strategyjob: coordinator waiting ") and waiting in line
+        for line in text
+    ), text
+    rounds = dict((line, t) for t, line in launch.lines if line.startswith("[chief-0] ROUND "))
+    slow = rounds["[chief-0] ROUND 7"] - rounds["[chief-0] ROUND 6"]
+    stalled = rounds["[chief-0] ROUND 8"] - rounds["[chief-0] ROUND 7"]
+    assert text[-1].startswith("strategyjob: job demo succeeded in "), text
+    assert "stopped ps-0, worker-0, worker-1" in text[-1], text[-1]
+    assert_gone([stuck])
+    said = [line for line in text if "strategyjob: coordinator " in line]
+    print(f"slow round {slow:.1f} s; stuck round {stalled:.1f} s:", *said, sep="\n")
+    assert 1.9 < slow < 4
+    assert 4 <= stalled < 10
+
+
+def test_a_stuck_closure_with_no_other_worker_fails_the_job_naming_it(tmp_path):
+    """The only worker blocks in its step: the coordinator's join raises DeadlineExceededError
+    naming the worker, the closure, how long it ran and how to raise the bound, at the bound;
+    the summary quotes it."""
+    manifest = ps_job(tmp_path, workers=1)
+    launch = Launch(manifest, stall_env(STUCK_WORKER="0"), "--grace-period", "5")
+    try:
+        assert launch.finish(120) == 1, launch.text
+    finally:
+        launch.stop()
+    text = launch.text
+    summary = next(line for line in text if line.startswith("strategyjob: job demo failed"))
+    assert (
+        ": chief-0 exited with code 1: strategyjob.errors.DeadlineExceededError: Closure step on "
+        "/job:worker/replica:0/task:0 did not complete: it ran 4." in summary
+    ), summary
+    error = next(line for line in text if "DeadlineExceededError: Closure step" in line)
+    assert "longer than this job's stuck-peer bound of 4 s" in error, error
+    assert "no other worker is left to run it" in error
+    assert "raise STRATEGYJOB_STUCK_PEER_SECONDS" in error
+    failed = launch.wait_line(summary, 1) - launch.wait_line("[chief-0] ROUND 7", 1)
+    assert text[-1] == "strategyjob:   stopped: ps-0, worker-0", text
+    assert_gone([pid_of(tmp_path, "worker-0")])
+    print(f"stuck closure, one worker: the job failed {failed:.1f} s after round 7; {summary}")
+    assert 4 <= failed < 15

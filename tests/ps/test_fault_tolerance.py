@@ -99,3 +99,66 @@ def test_dead_ps_gives_unavailable_error_naming_it(make_cluster):
     with pytest.raises(errors.UnavailableError, match="/job:ps/replica:0/task:1"):
         b.read_value()
     assert float(a) >= 1.0  # ps0 still serves
+
+
+def test_a_worker_stuck_in_a_closure_is_taken_out_and_every_step_applied_once(
+    make_cluster, tmp_path, monkeypatch, capfd
+):
+    """Worker 1 blocks inside its 26th-or-later closure (alive: its server answers) until the
+    test releases it: with STRATEGYJOB_STUCK_PEER_SECONDS=3 the coordinator takes it out once
+    the closure has run the bound, runs the step on worker 0, and join returns (before: it
+    waited for ever). Released, the stuck closure sends its update, which the ps skips: every
+    step is applied once."""
+    monkeypatch.setenv("STRATEGYJOB_STUCK_PEER_SECONDS", "3")
+    cluster = make_cluster(workers=2, ps=1)
+    strategy = ParameterServerStrategy(cluster.resolver())
+    coordinator = ClusterCoordinator(strategy)
+    with strategy.scope():
+        steps = strategyjob.Variable(0, name="steps")
+    stuck, release, woke = (str(tmp_path / name) for name in ("stuck", "release", "woke"))
+
+    def train_step():
+        import os
+        import time
+
+        from strategyjob.experimental.coordinator import get_current_worker_index
+
+        worker = get_current_worker_index()
+        if worker == 1 and os.path.exists(stuck):
+            os.remove(stuck)  # block once
+            deadline = time.monotonic() + 90
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            steps.assign_add(1)
+            open(woke, "w").close()
+            return worker
+        time.sleep(0.01)
+        steps.assign_add(1)
+        return worker
+
+    for _ in range(25):  # the history the bound needs (20 closures)
+        coordinator.schedule(train_step)
+    coordinator.join()
+    open(stuck, "w").close()
+    started = time.monotonic()
+    results = [coordinator.schedule(train_step) for _ in range(30)]
+    coordinator.join()
+    took = time.monotonic() - started
+    assert not (tmp_path / "stuck").exists(), "worker 1 never took a step"
+    assert int(steps) == 55
+    assert all(rv.fetch() in (0, 1) for rv in results)
+    err = capfd.readouterr().err
+    taken = "strategyjob: coordinator takes /job:worker/replica:0/task:1 out: closure "
+    assert taken in err, err
+    assert (
+        "test_a_worker_stuck_in_a_closure_is_taken_out_and_every_step_applied_once.<locals>"
+        ".train_step ran 3." in err
+    )
+    print(f"stuck closure: join returned {took:.1f} s after the steps were scheduled")
+    assert 3 <= took < 20
+
+    # Released, it sends its update: the ps skips it (the step ran on worker 0).
+    (tmp_path / "release").touch()
+    wait_until(lambda: (tmp_path / "woke").exists(), 30, "the stuck closure to wake")
+    assert int(steps) == 55
+    wait_until(lambda: not coordinator._workers[1].taken_out, 30, "worker 1 to be back")

@@ -7,6 +7,12 @@ dies has its closure put back and is reconnected (its per-worker resources rebui
 returns; a ps that stays down and a user function's error surface on the next ``schedule`` /
 ``join`` / ``done``, once, after which scheduling works again.
 
+A worker alive but stuck in a closure (``_closure_watch``: longer than the job's stuck-peer
+bound) is taken out: its closure is put back for the others, and it gets no closure until that
+one ends (its result is dropped). With no other worker left, ``join`` raises
+``DeadlineExceededError`` naming it. While a closure runs longer than its function ever did, the
+coordinator says every few seconds whom it waits for.
+
 A closure put back after a failure (a ps unavailable for a moment, a worker lost) runs again,
 but each ps applies its updates once: every attempt carries the closure's step id, and a ps
 skips an update of that step it already applied (the n-th update of the step to that ps;
@@ -24,6 +30,7 @@ import hashlib
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -35,7 +42,8 @@ import cloudpickle
 import torch
 
 from strategyjob import _names, _nest, errors
-from strategyjob.ps import _cluster, _remote
+from strategyjob.collective import stuck, waiting
+from strategyjob.ps import _closure_watch, _cluster, _remote
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._wire import dumps, loads
 
@@ -237,6 +245,7 @@ class _ShippedFunction:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.payload, self.tensors = dumps(fn, _shipping_hook)
+        self.name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         digest = hashlib.sha256(self.payload)
         for t in self.tensors:
             digest.update(t.SerializeToString())
@@ -363,6 +372,20 @@ class _WorkerFailure(Exception):
     pass
 
 
+def _say(line: str) -> None:
+    print(f"strategyjob: {line}", file=sys.stderr, flush=True)
+
+
+class _Running:
+    """A closure a worker thread has sent and waits for since ``start`` (monotonic), and when
+    to say so next (every ``interval`` seconds)."""
+
+    def __init__(self, closure: _Closure, start: float, interval: float) -> None:
+        self.closure = closure
+        self.start = start
+        self.reporter = waiting.Reporter(interval, start)
+
+
 class _Worker:
     """The coordinator's side of one worker: a thread that runs closures on it."""
 
@@ -380,6 +403,12 @@ class _Worker:
         self._setup_lock = threading.Lock()  # connection and resources: one thread at a time
         self._down = threading.Event()  # set until connected, and again after a failure
         self._down.set()
+        # The closures its threads wait for (by thread), and the threads whose closure was
+        # taken out as stuck (the worker takes no closure while any is left).
+        self._watch_lock = threading.Lock()
+        self._running: dict[int, _Running] = {}
+        self._taken_out: set[int] = set()
+        self._report_seconds = coordinator._report_seconds
         # One closure at a time per worker, as in TensorFlow. More in flight (the next one is
         # already on the worker when the current one ends; the worker still runs them one at a
         # time, in arrival order, which may then differ from the queue's) is a tuning knob.
@@ -406,6 +435,26 @@ class _Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def taken_out(self) -> bool:
+        """Whether a closure of this worker was taken out as stuck and has not ended."""
+        with self._watch_lock:
+            return bool(self._taken_out)
+
+    def running(self) -> list[_Running]:
+        """The closures this worker's threads wait for."""
+        with self._watch_lock:
+            return list(self._running.values())
+
+    def take_out(self) -> list[_Running]:
+        """Take this worker out (its closure is stuck): the closures its threads wait for are
+        the caller's to put back or fail; their replies, if any come, are dropped."""
+        with self._watch_lock:
+            taken = list(self._running.values())
+            self._taken_out.update(self._running)
+            self._running.clear()
+            return taken
 
     # -- connection ----------------------------------------------------------------------
     def _connect(self, deadline: float) -> None:
@@ -465,6 +514,9 @@ class _Worker:
                     # Take no closure while the worker is unreachable: the others run them.
                     self._wait_for_return()
                     continue
+                if self.taken_out:  # stuck in a closure, which another thread waits for
+                    self._stop.wait(0.5)
+                    continue
                 closure = self._queue.get(timeout=0.5)
                 if closure is None:
                     continue
@@ -488,12 +540,14 @@ class _Worker:
                     closure.output._set_error(exc)
                     self._queue.mark_failed(exc)
                     return
-            reply = self._execute(closure)
+            reply = self._run_watched(closure)
         except _WorkerFailure as exc:
             if not self._down.is_set():
                 log.warning("Worker %s failed (%s); its closures are rescheduled.", self.name, exc)
             self._down.set()
             self._queue.put_back(closure)
+            return
+        if reply is None:  # taken out as stuck: the watch put the closure back, or failed it
             return
         kind = reply.error_kind
         if not kind:
@@ -526,6 +580,41 @@ class _Worker:
                 error = ClosureInputError(error)
             closure.output._set_error(error)
             self._queue.mark_failed(error)
+
+    def _run_watched(self, closure: _Closure) -> pb.ClosureResult | None:
+        """``_execute(closure)`` as the coordinator's watch sees it: None when the closure was
+        taken out as stuck meanwhile (its reply or failure is dropped: another worker runs it)."""
+        thread = threading.get_ident()
+        running = _Running(closure, time.monotonic(), self._report_seconds)
+        with self._watch_lock:
+            self._running[thread] = running
+        try:
+            reply = self._execute(closure)
+        except _WorkerFailure:
+            if self._ended(thread, lost=True):
+                raise
+            self._down.set()  # lost while taken out: reconnect before taking closures again
+            return None
+        if not self._ended(thread, lost=False):
+            return None
+        coordinator = self._coordinator_ref()
+        if coordinator is not None and not reply.error_kind:
+            seconds = time.monotonic() - running.start
+            coordinator._history.record(closure.function.digest, seconds)
+        return reply
+
+    def _ended(self, thread: int, lost: bool) -> bool:
+        """The closure ``thread`` waited for ended (``lost``: with the worker); False if it
+        had been taken out (the worker then takes closures again, once none of its threads
+        waits for a stuck one)."""
+        with self._watch_lock:
+            if self._running.pop(thread, None) is not None:
+                return True
+            self._taken_out.discard(thread)
+            back = not self._taken_out
+        if back and not lost:
+            _say(f"{self.name} finished its stuck closure; it takes closures again")
+        return False
 
     def _execute(self, closure: _Closure) -> pb.ClosureResult:
         function = closure.function
@@ -658,9 +747,22 @@ class ClusterCoordinator:
         self._functions: dict[int, tuple[Any, _ShippedFunction]] = {}
         self._resources: list[_Resource] = []
         self._resources_lock = threading.Lock()
+        # A bad setting is refused here, before any closure runs.
+        self._stuck_policy = stuck.policy_from_env()
+        self._report_seconds = waiting.positive_seconds(
+            waiting.ENV_WAITING_REPORT_SECONDS, waiting.DEFAULT_REPORT_SECONDS
+        )
+        self._history = _closure_watch.History()
+        self._watch_stop = threading.Event()
         transport = extended.transport
         self._num_workers = transport.num_workers
         self._workers = [_Worker(self, i, transport.worker(i)) for i in range(self._num_workers)]
+        threading.Thread(
+            target=_watch,
+            args=(weakref.ref(self), self._watch_stop),
+            name="ClosureWatch",
+            daemon=True,
+        ).start()
 
     def __init__(self, strategy: Any) -> None:  # state is set once, in __new__
         pass
@@ -746,14 +848,59 @@ class ClusterCoordinator:
     def _create_per_worker_resources(self, fn: Callable[[], Any]) -> PerWorkerValues:
         return _PerWorkerResource(self, fn)
 
+    # -- stuck closures ------------------------------------------------------------------
+    def _check(self, worker: _Worker, now: float) -> None:
+        for running in worker.running():
+            function = running.closure.function
+            seconds = now - running.start
+            completed, longest = self._history.of(function.digest)
+            policy = self._stuck_policy
+            limit = None if policy is None else _closure_watch.bound(policy, completed, longest)
+            if limit is not None and seconds >= limit.seconds:
+                self._take_out(worker, running, seconds, limit)
+                return
+            if running.reporter.due(now) and seconds > longest:
+                line = _closure_watch.waiting_line(
+                    function.name, worker.name, seconds, completed, longest, limit
+                )
+                _say(line)
+
+    def _take_out(
+        self, worker: _Worker, stuck_run: _Running, seconds: float, limit: _closure_watch.Bound
+    ) -> None:
+        """Take ``worker`` out: its closures go back to the queue for the others; with no
+        other worker left, the stuck one fails the job (``join`` raises)."""
+        taken = worker.take_out()
+        if not any(running is stuck_run for running in taken):  # it ended meanwhile
+            return
+        function = stuck_run.closure.function.name
+        if all(w.taken_out for w in self._workers):
+            error = errors.DeadlineExceededError(
+                _closure_watch.stuck_message(function, worker.name, seconds, limit)
+            )
+            for running in taken:
+                if running is not stuck_run:
+                    self._queue.put_back(running.closure)
+            stuck_run.closure.output._set_error(error)
+            self._queue.mark_failed(error)
+            return
+        _say(_closure_watch.taken_out_line(function, worker.name, seconds, limit))
+        for running in taken:
+            self._queue.put_back(running.closure)
+
     def _shutdown(self) -> None:
         """Stop the worker threads (at exit, or when the coordinator is collected)."""
+        watch_stop = getattr(self, "_watch_stop", None)
+        if watch_stop is not None:
+            watch_stop.set()
         for worker in getattr(self, "_workers", ()):
             worker.stop()
         queue = getattr(self, "_queue", None)
         if queue is not None:
             queue.stop()
         for worker in getattr(self, "_workers", ()):
+            if worker.taken_out:  # a thread waits for a stuck closure: not worth waiting for
+                continue
             for thread in worker._threads:
                 if thread is not threading.current_thread():
                     thread.join(timeout=2.0)
@@ -763,6 +910,19 @@ class ClusterCoordinator:
 
 
 _live: weakref.WeakSet[ClusterCoordinator] = weakref.WeakSet()
+WATCH_TICK = 0.25  # seconds between two looks at the closures in flight
+
+
+def _watch(ref: weakref.ref[ClusterCoordinator], stop: threading.Event) -> None:
+    """Every tick: say whom the coordinator waits for, take out a worker stuck in a closure
+    (holds the coordinator only while it looks, so that it can still be collected)."""
+    while not stop.wait(WATCH_TICK):
+        coordinator = ref()
+        if coordinator is None:
+            return
+        for worker in coordinator._workers:
+            coordinator._check(worker, time.monotonic())
+        del coordinator
 
 
 @atexit.register

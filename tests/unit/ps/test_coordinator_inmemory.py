@@ -309,3 +309,122 @@ def test_the_strategy_knows_its_coordinator_and_whether_it_is_idle(make_cluster)
     gate.set()
     coordinator.join()
     assert extended.ps_settled()
+
+
+# ---------------------------------------------------------------------------------------------
+# a worker stuck in a closure is taken out; its closure runs on another, its updates once
+
+_STUCK_ON: dict[str, int] = {}  # worker index -> block (once) on gate "stuck" in its next step
+
+
+def _step(v: Any, seconds: float = 0.0) -> int:
+    worker = get_current_worker_index()
+    if _STUCK_ON.get("worker") == worker:
+        del _STUCK_ON["worker"]
+        _wait_for_gate("stuck")
+    time.sleep(seconds)
+    v.assign_add(torch.ones(()))
+    return worker
+
+
+def _stuck_bound(monkeypatch: pytest.MonkeyPatch, seconds: str, report: str = "60") -> None:
+    monkeypatch.setenv("STRATEGYJOB_STUCK_PEER_SECONDS", seconds)
+    monkeypatch.setenv("STRATEGYJOB_WAITING_REPORT_SECONDS", report)
+
+
+def _history(coordinator: ClusterCoordinator, cluster: Cluster, steps: int = 20) -> None:
+    """``steps`` completed closures of ``_step``: the history the bound needs."""
+    for _ in range(steps):
+        coordinator.schedule(_step, args=(cluster.v,))
+    coordinator.join()
+
+
+def test_a_worker_stuck_in_a_closure_is_taken_out_and_every_step_is_applied_once(
+    make_cluster, monkeypatch, capfd
+):
+    _stuck_bound(monkeypatch, "0.5")
+    cluster = make_cluster(2, 1)
+    coordinator = cluster.start()
+    _history(coordinator, cluster)
+    gate = _gate("stuck")
+    _STUCK_ON["worker"] = 1
+    started = time.monotonic()
+    results = [coordinator.schedule(_step, args=(cluster.v,)) for _ in range(20)]
+    coordinator.join()  # before: waited for the stuck closure for ever
+    took = time.monotonic() - started
+    assert "worker" not in _STUCK_ON, "worker 1 never took a step"
+    assert 0.5 <= took < 10
+    assert [r.fetch() for r in results].count(1) == 0  # the stuck one's result is worker 0's
+    assert cluster.v.read_value().item() == 40
+    err = capfd.readouterr().err
+    assert (
+        "strategyjob: coordinator takes /job:worker/replica:0/task:1 out: closure _step ran "
+    ) in err, err
+    assert "longer than this job's stuck-peer bound of 0.5 s (the larger of " in err
+
+    # It wakes: its update reaches the ps, which skips it (the rescheduled run applied it).
+    gate.set()
+    _poll(lambda: not coordinator._workers[1].taken_out, "worker 1 to finish its closure")
+    assert cluster.v.read_value().item() == 40
+    assert "/job:worker/replica:0/task:1 finished its stuck closure" in capfd.readouterr().err
+    # And takes closures again.
+    again: list[RemoteValue] = []
+    deadline = time.monotonic() + DEADLINE
+    while not any(r.fetch() == 1 for r in again):
+        assert time.monotonic() < deadline, "worker 1 got no closure after it came back"
+        again += [coordinator.schedule(_step, args=(cluster.v, 0.01)) for _ in range(4)]
+        coordinator.join()
+    assert cluster.v.read_value().item() == 40 + len(again)
+
+
+def test_with_no_other_worker_a_stuck_closure_fails_join_naming_it(make_cluster, monkeypatch):
+    _stuck_bound(monkeypatch, "0.5")
+    cluster = make_cluster(1, 1)
+    coordinator = cluster.start()
+    _history(coordinator, cluster)
+    _gate("stuck")
+    _STUCK_ON["worker"] = 0
+    stuck = coordinator.schedule(_step, args=(cluster.v,))
+    queued = coordinator.schedule(_step, args=(cluster.v,))
+    with pytest.raises(errors.DeadlineExceededError) as raised:
+        coordinator.join()
+    message = str(raised.value)
+    assert message.startswith(
+        "Closure _step on /job:worker/replica:0/task:0 did not complete: it ran 0."
+    ), message
+    assert "no other worker is left to run it" in message
+    assert "STRATEGYJOB_STUCK_PEER_SECONDS (0.5 s)" in message
+    assert "raise STRATEGYJOB_STUCK_PEER_SECONDS" in message
+    with pytest.raises(errors.DeadlineExceededError):
+        stuck.fetch()
+    with pytest.raises(errors.CancelledError, match=CANCELLED_MESSAGE):
+        queued.fetch()
+
+
+def test_a_slow_closure_within_the_bound_is_waited_for_and_named(make_cluster, monkeypatch, capfd):
+    """A closure slower than any before (1 s after 0 s ones), under the bound (3 s): not taken
+    out; the coordinator says whom it waits for every 0.4 s meanwhile."""
+    _stuck_bound(monkeypatch, "3", report="0.4")
+    cluster = make_cluster(2, 1)
+    coordinator = cluster.start()
+    _history(coordinator, cluster)
+    slow = coordinator.schedule(_step, args=(cluster.v, 1.0))
+    coordinator.join()
+    assert cluster.v.read_value().item() == 21
+    assert len(cluster.transport.closures) == 21  # run once: not rescheduled
+    err = capfd.readouterr().err
+    assert "coordinator takes" not in err, err
+    worker = slow.fetch()
+    line = f"s for closure _step on /job:worker/replica:0/task:{worker} (the longest completed "
+    lines = [x for x in err.splitlines() if x.startswith("strategyjob: coordinator waiting ")]
+    assert len(lines) >= 2 and all(line in x for x in lines), err
+    assert "taken out at 3 s)" in err
+
+
+def test_a_bad_stuck_peer_setting_is_refused_when_the_coordinator_is_made(
+    make_cluster, monkeypatch
+):
+    monkeypatch.setenv("STRATEGYJOB_STUCK_PEER_SECONDS", "soon")
+    cluster = make_cluster(1, 1)
+    with pytest.raises(ValueError, match="STRATEGYJOB_STUCK_PEER_SECONDS='soon' is not a posit"):
+        cluster.start()
