@@ -215,7 +215,7 @@ def require_cross_replica_or_default_context_extended(
         return
     if not _state.stack or mode is _default_replica_mode():
         return
-    strategy = extended._container_strategy()
+    strategy = extended.container_strategy()
     if mode.strategy is not strategy:
         wrong_strategy_scope(strategy, mode)
     raise RuntimeError(error_message or CROSS_REPLICA_REQUIRED)
@@ -373,8 +373,7 @@ class ReplicaContext:
             self._replica_id_tensor = _UNMADE
             self._replica_id = int(replica_id_in_sync_group)
         if _local_replica_id is None:
-            extended = getattr(strategy, "extended", None)
-            local_count = len(getattr(extended, "_local_devices", ()) or (None,))
+            local_count = len(strategy.extended.topology.local_devices) or 1
             _local_replica_id = self._replica_id % local_count
         self._local_replica_id = _local_replica_id
         # Set by the thread group of a multi-replica run; None means merge_call runs inline.

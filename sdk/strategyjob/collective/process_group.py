@@ -45,6 +45,7 @@ from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffer
 __all__ = [
     "ClusterMembership",
     "CollectiveGroup",
+    "current_group",
     "get_group",
     "membership_from_cluster",
 ]
@@ -1117,6 +1118,12 @@ def _packs(tensors: Sequence[torch.Tensor], bytes_per_pack: int) -> list[list[in
 
 _group: CollectiveGroup | None = None
 _group_lock = threading.Lock()
+
+
+def current_group() -> CollectiveGroup | None:
+    """The collective group this process joined (:func:`get_group`), else None: how
+    checkpoints and preemption agree between workers when no strategy is at hand."""
+    return _group
 
 
 def get_group(membership: ClusterMembership, options: CommunicationOptions) -> CollectiveGroup:

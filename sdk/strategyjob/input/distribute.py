@@ -29,15 +29,15 @@ __all__ = ["distribute_dataset", "distribute_datasets_from_function"]
 
 def _topology(extended: Any) -> tuple[int, int, int, int]:
     """``(R, W, w, Rw)`` of the strategy, checking that replicas divide evenly among workers."""
-    num_replicas = int(extended.num_replicas_in_sync)
-    num_workers = int(extended._num_workers)
+    topology = extended.topology
+    num_replicas, num_workers = topology.num_replicas_in_sync, topology.num_workers
     if num_replicas % num_workers != 0:
         raise ValueError(
             "tf.distribute expects every worker to have the same number of replicas. However, "
             f"encountered `num_replicas_in_sync` ({num_replicas}) that cannot be divided by "
             f"`num_workers` ({num_workers})"
         )
-    return num_replicas, num_workers, int(extended._worker_index), len(extended._local_devices)
+    return num_replicas, num_workers, topology.worker_index, len(topology.local_devices)
 
 
 def _as_policy(policy: Any) -> AutoShardPolicy:
@@ -197,7 +197,7 @@ def distribute_datasets_from_function(
         datasets = []
         for local_id in range(num_local):
             context = InputContext(
-                num_replicas, int(extended._global_replica_id(local_id)), num_replicas
+                num_replicas, extended.topology.global_replica_id(local_id), num_replicas
             )
             datasets.append(dataset_fn(context))
             _check_iterable(datasets[-1], "The value returned by `dataset_fn`")

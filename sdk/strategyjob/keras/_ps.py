@@ -250,7 +250,7 @@ class PSBinding:
         if replica is None:
             return
         # strategyjob.train.Checkpoint reads the ps's optimizer state the same way.
-        slots = self._strategy.extended._optimizer_slots(replica.optimizer)
+        slots = self._strategy.extended.optimizer_slots(replica.optimizer)
         if not slots:
             return  # not stepped yet
         trainable = self._model.trainable_weights

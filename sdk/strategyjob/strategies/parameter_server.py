@@ -156,7 +156,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             )
         tensor = _variables._initial_tensor(initial_value, None)
         common = dict(trainable=trainable, synchronization=sync, aggregation=agg)
-        strategy = self._container_strategy()
+        strategy = self.container_strategy()
         colocate = self._colocate_with
         if colocate is not None:
             task = colocate._task if hasattr(colocate, "_task") else colocate.variables[0]._task
@@ -203,14 +203,14 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             self._colocate_with = previous
 
     def variable_created_in_scope(self, v: Any) -> bool:
-        return getattr(v, "_distribute_strategy", None) is self._container_strategy()
+        return getattr(v, "_distribute_strategy", None) is self.container_strategy()
 
     # --- module parameters ---------------------------------------------------------------
     def _exit_scope(self) -> None:
         super()._exit_scope()
         self._flush_parameters()
 
-    def _register_parameter(
+    def register_parameter(
         self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
     ) -> None:
         """Place a module parameter created in scope on the ps (its value is sent when the
@@ -291,7 +291,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         self._write_to_ps("assign", [(p, p._sj_ref) for p in params if getattr(p, "_sj_ref", None)])
 
     # --- optimizer state on the ps (strategyjob.train.Checkpoint) ------------------------
-    def _optimizer_slots(self, opt: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+    def optimizer_slots(self, opt: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
         """The state the ps keep for ``opt`` (momentum and the like), laid out as its
         ``state_dict()["state"]``: by parameter index, each sharded parameter's shards joined."""
         if getattr(opt, "_sj_key", None) is None:  # never shipped: never stepped on the ps
@@ -316,7 +316,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                 }
         return state
 
-    def _load_optimizer_slots(
+    def load_optimizer_slots(
         self, opt: torch.optim.Optimizer, state: dict[int, dict[str, Any]]
     ) -> None:
         """Give the ps ``state`` (a restored ``state_dict()["state"]``) for ``opt``, split as
@@ -367,7 +367,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
 
     def attach_coordinator(self, cluster_coordinator: coordinator.ClusterCoordinator) -> None:
         self._coordinator = cluster_coordinator
-        self._container_strategy()._cluster_coordinator = cluster_coordinator
+        self.container_strategy()._cluster_coordinator = cluster_coordinator
 
     def before_schedule(self) -> None:
         """Before a function is queued: the ps get the parameters still waiting to be sent,
@@ -394,7 +394,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if self._cluster_resolver is not None and self._coordinator is None:
             log.warning(NO_COORDINATOR_WARNING)
-        with _context.ReplicaContext(self._container_strategy(), 0, _local_replica_id=0):
+        with _context.ReplicaContext(self.container_strategy(), 0, _local_replica_id=0):
             return fn(*args, **kwargs)
 
     # --- devices and roles ----------------------------------------------------------------

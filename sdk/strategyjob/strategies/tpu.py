@@ -58,7 +58,7 @@ from strategyjob.collective import process_group
 from strategyjob.collective.backend import ProcessGroupCollectives
 from strategyjob.collective.options import CommunicationOptions
 from strategyjob.collective.watchdog import BlockingWaitWatchdog
-from strategyjob.strategies.base import Strategy, StrategyExtended
+from strategyjob.strategies.base import Strategy, StrategyExtended, broadcast_pending_parameters
 from strategyjob.strategies.compat_methods import CompatV1StrategyMethods
 from strategyjob.tpu.device_assignment import DeviceAssignment
 from strategyjob.tpu.topology import line_topology
@@ -83,7 +83,7 @@ _SHARED_STATE = frozenset(
         "_split_meshes",
         "_core_meshes",
         "_device_assignment",
-        "_strategyjob_grad_sync",
+        "_gradient_synchronizer",
     }
 )
 _IMPLICIT_REPLICATION_WARNING = ".*implicitly creating a replicated DTensor.*"
@@ -504,7 +504,7 @@ class TPUExtended(StrategyExtended):
         return self.should_checkpoint
 
     # --- module parameters -------------------------------------------------------------------
-    def _register_parameter(
+    def register_parameter(
         self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
     ) -> None:
         """Keep gradients plain tensors: a parameter used with DTensors (implicit replication)
@@ -518,13 +518,8 @@ class TPUExtended(StrategyExtended):
             param.grad = self._logical_value(grad)
 
     def _broadcast_pending_parameters(self) -> None:
-        sync = getattr(self, "_strategyjob_grad_sync", None)
-        if sync is None or self._group is None:
-            return
-        pending = sync.take_pending_broadcast()
-        if pending:
-            with torch.no_grad():
-                self.collectives.broadcast_from_chief_in_place([p.data for p in pending])
+        if self._group is not None:
+            broadcast_pending_parameters(self)
 
     def _exit_scope(self) -> None:
         super()._exit_scope()

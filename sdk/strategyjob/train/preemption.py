@@ -135,7 +135,7 @@ def _agreement(checkpoint: Checkpoint) -> Callable[[bool], Callable[[], bool]]:
         return strategy.extended.collectives.start_any_has_data
     from strategyjob.collective import process_group
 
-    group = process_group._group
+    group = process_group.current_group()
     if group is not None and group.world_size > 1:
         return group.any_async
     return lambda flag: lambda: flag
