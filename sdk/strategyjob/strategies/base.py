@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import math
 import threading
 import weakref
@@ -38,6 +37,7 @@ from strategyjob._values import (
 )
 from strategyjob.collective import grad_sync
 from strategyjob.collective.backend import IN_PROCESS, CollectiveBackend
+from strategyjob.input import InputContext, distribute_dataset, distribute_datasets_from_function
 from strategyjob.input.options import AutoShardPolicy
 
 __all__ = [
@@ -292,7 +292,7 @@ class StrategyExtended:
     def _in_multi_worker_mode(self) -> bool:
         return self._num_workers > 1
 
-    def _replica_device_name(self, local_id: int) -> str:
+    def replica_device_name(self, local_id: int) -> str:
         return self._logical_devices[local_id].name
 
     def _input_host(self) -> LogicalDevice:
@@ -306,7 +306,7 @@ class StrategyExtended:
     def _scope(self, strategy: Strategy) -> Any:
         return _context.CrossReplicaScope(strategy)
 
-    def _enter_scope(self) -> None:
+    def on_scope_entered(self) -> None:
         """Runs when this strategy's scope is entered (not on re-entry)."""
         for check in _scope_entry_checks:
             check(self.container_strategy())
@@ -314,7 +314,7 @@ class StrategyExtended:
         # some strategy's scope is entered; they look the strategy up through `_context`.
         grad_sync.scope_entered()
 
-    def _exit_scope(self) -> None:
+    def on_scope_exited(self) -> None:
         """Runs when this strategy's outermost scope is exited."""
         grad_sync.scope_exited()
 
@@ -401,7 +401,7 @@ class StrategyExtended:
     def _experimental_distribute_dataset(
         self, dataset: Any, options: Any, auto_shard_policy: Any
     ) -> Any:
-        return _input_module().distribute_dataset(
+        return distribute_dataset(
             dataset,
             extended=self,
             options=options,
@@ -410,9 +410,7 @@ class StrategyExtended:
         )
 
     def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
-        return _input_module().distribute_datasets_from_function(
-            dataset_fn, extended=self, options=options
-        )
+        return distribute_datasets_from_function(dataset_fn, extended=self, options=options)
 
     # --- running replicas -----------------------------------------------------------------
     def call_for_each_replica(
@@ -638,7 +636,7 @@ class StrategyExtended:
         reduced = self.reduce_to(reduce_op, value, self._default_reduce_destination())
         return self._local_results(reduced)[0]
 
-    def _batch_all_reduce(self, reduce_op: ReduceOp, values: list, options: Any) -> list:
+    def batch_all_reduce(self, reduce_op: ReduceOp, values: list, options: Any) -> list:
         """The merge function of ``ReplicaContext.all_reduce``: each replica gets a copy."""
         pairs = [(v, v if isinstance(v, DistributedValues) else _device_of(v)) for v in values]
         return self.batch_reduce_to(reduce_op, pairs, options)
@@ -661,7 +659,7 @@ class StrategyExtended:
         gathered = self.collectives.all_gather(local, dim)
         return self._place_on(destinations, gathered)
 
-    def _batch_all_gather(self, values: list, axis: int, options: Any) -> list:
+    def batch_all_gather(self, values: list, axis: int, options: Any) -> list:
         """The merge function of ``ReplicaContext.all_gather``: each replica gets a copy."""
         return [self._gather_to(v, v, axis, options) for v in values]
 
@@ -897,10 +895,6 @@ class Strategy:
         return result
 
 
-def _input_module() -> Any:
-    return importlib.import_module("strategyjob.input")
-
-
 def _auto_shard(policy: Any) -> Any:
     return policy if policy is not None else AutoShardPolicy.AUTO
 
@@ -968,7 +962,7 @@ class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended
         return dataset
 
     def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
-        return dataset_fn(_input_module().InputContext())
+        return dataset_fn(InputContext())
 
 
 class _DefaultDistributionStrategy(Strategy):

@@ -132,8 +132,8 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         if self._group is not None:
             broadcast_pending_parameters(self)
 
-    def _exit_scope(self) -> None:
-        super()._exit_scope()
+    def on_scope_exited(self) -> None:
+        super().on_scope_exited()
         if sys.exc_info()[0] is None:  # not while an error unwinds: peers may not follow
             self._broadcast_pending_parameters()
 

@@ -206,8 +206,8 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         return getattr(v, "_distribute_strategy", None) is self.container_strategy()
 
     # --- module parameters ---------------------------------------------------------------
-    def _exit_scope(self) -> None:
-        super()._exit_scope()
+    def on_scope_exited(self) -> None:
+        super().on_scope_exited()
         self._flush_parameters()
 
     def register_parameter(

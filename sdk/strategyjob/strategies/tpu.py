@@ -521,8 +521,8 @@ class TPUExtended(StrategyExtended):
         if self._group is not None:
             broadcast_pending_parameters(self)
 
-    def _exit_scope(self) -> None:
-        super()._exit_scope()
+    def on_scope_exited(self) -> None:
+        super().on_scope_exited()
         self._broadcast_pending_parameters()
 
     # --- running the replica ---------------------------------------------------------------
