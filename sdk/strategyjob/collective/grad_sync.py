@@ -796,7 +796,8 @@ class _TorchHooks:
 
     def _install(self) -> None:
         self._handles = [
-            _module.register_module_parameter_registration_hook(_on_parameter_registered),
+            # torch's stub says the hook returns None; its code takes a replacement parameter
+            _module.register_module_parameter_registration_hook(_on_parameter_registered),  # type: ignore[arg-type]
             _module.register_module_module_registration_hook(_on_module_registered),
             _optimizer.register_optimizer_step_pre_hook(_step_pre_hook),
             _optimizer.register_optimizer_step_post_hook(_step_post_hook),

@@ -105,6 +105,7 @@ class _Plan:
             count = streams.step_count(streams.exact_length(source), self.num_local)
             return streams.group_steps(source, self.num_local), count
         if self.split == Split.BALANCED:
+            assert self.batch_size is not None  # split_for balances only a known batch size
             sizes = batch_sizes_for_worker(
                 self.batch_size, self.num_workers, self.num_local, self.worker_index
             )

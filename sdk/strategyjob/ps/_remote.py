@@ -36,6 +36,8 @@ __all__ = [
     "RemoteEmbedding",
     "RemoteOptimizer",
     "ShardedParamRef",
+    "place_on_ps",
+    "ps_ref",
     "worker_state",
 ]
 
@@ -196,6 +198,16 @@ class ShardedParamRef:
         for shard in self.shards:
             out.append(out[-1] + shard.shape[0])
         return out
+
+
+def ps_ref(param: Any) -> ParamRef | ShardedParamRef | None:
+    """The ps variable(s) behind a module parameter placed on the ps, else None."""
+    return getattr(param, "_sj_ref", None)
+
+
+def place_on_ps(param: torch.Tensor, ref: ParamRef | ShardedParamRef) -> None:
+    """Mark ``param`` as the coordinator's copy of the ps variable(s) ``ref``."""
+    param._sj_ref = ref  # type: ignore[attr-defined]  # an attribute of this instance only
 
 
 def coordinator_hook(obj: Any) -> Any:

@@ -86,6 +86,7 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         self._task_id = task_id
         self._group: process_group.CollectiveGroup | None = None
         if num_workers > 1:
+            assert task_type is not None and task_id is not None  # checked above
             membership = process_group.membership_from_cluster(
                 cluster_spec.as_dict(), task_type, task_id
             )
