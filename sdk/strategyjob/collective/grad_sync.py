@@ -323,7 +323,7 @@ class GradientSynchronizer:
         return ready
 
     # --- topology (fixed for a strategy; cached because the hooks run every step) ---------
-    def _local_replicas(self) -> int:
+    def local_replicas(self) -> int:
         if self._local is None:
             self._local = len(self.extended.topology.local_devices) or 1
         return self._local
@@ -336,7 +336,7 @@ class GradientSynchronizer:
     def _overlapping(self) -> bool:
         """One replica per process and several workers: the bucketed (DDP-like) path."""
         if self._overlap is None:
-            self._overlap = self._num_workers() > 1 and self._local_replicas() == 1
+            self._overlap = self._num_workers() > 1 and self.local_replicas() == 1
             if self._overlap:
                 self._start_all_reduce = self.extended.collectives.all_reduce_async
         return self._overlap
@@ -406,7 +406,7 @@ class GradientSynchronizer:
         produced; only gradients set another way (by hand, ``torch.autograd.grad``) are
         averaged here.
         """
-        workers, local = self._num_workers(), self._local_replicas()
+        workers, local = self._num_workers(), self.local_replicas()
         if workers == 1 and local == 1:
             return
         if self._overlapping():
@@ -539,9 +539,8 @@ def _on_parameter_registered(
         return None  # plain torch (no strategy has parameters), or already synchronised
     # Put in a module the strategy synchronises (replacing one of its parameters, or next to
     # them): ``model.scale = nn.Parameter(...)``, ``load_state_dict(..., assign=True)``.
-    extended = _owning_extended(module._parameters.get(name)) or _owning_extended(
-        next(module.parameters(), None)
-    )
+    replaced = module._parameters.get(name)  # noqa: SLF001  (torch's hook runs before the put)
+    extended = _owning_extended(replaced) or _owning_extended(next(module.parameters(), None))
     return None if extended is None else _register(extended, param, module)
 
 
@@ -675,7 +674,7 @@ def _optimizer_synchronizers(opt: torch.optim.Optimizer) -> list[GradientSynchro
 
 def _multi_replica_context(syncs: list[GradientSynchronizer]) -> Any:
     """The replica context when this call comes from one of several local replica threads."""
-    if not syncs or syncs[0]._local_replicas() == 1:
+    if not syncs or syncs[0].local_replicas() == 1:
         return None
     return _context.get_replica_context()
 

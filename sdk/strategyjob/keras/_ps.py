@@ -114,7 +114,7 @@ def ps_optimizer(
         rate = float(optimizer.learning_rate)
     decay = config.get("weight_decay")
     # Keras's own test of exclude_from_weight_decay (a method of its optimizers, 3.10-3.15).
-    if decay and not all(optimizer._use_weight_decay(v) for v in trainable):
+    if decay and not all(optimizer._use_weight_decay(v) for v in trainable):  # noqa: SLF001
         raise NotImplementedError(
             _NOT_ON_PS.format(
                 what=f"{name}.exclude_from_weight_decay (the ps decay every weight alike)",
