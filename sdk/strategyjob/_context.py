@@ -63,6 +63,14 @@ class ContextExtended(Protocol):
     def batch_all_gather(self, values: list, axis: int, options: Any) -> list: ...
 
 
+class MergeChannel(Protocol):
+    """Where the replicas of one multi-replica run meet in ``merge_call``."""
+
+    def merge_call(
+        self, local_id: int, merge_fn: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> Any: ...
+
+
 class ContextStrategy(Protocol):
     """What the contexts ask of a strategy (``strategies.base.Strategy``)."""
 
@@ -411,7 +419,7 @@ class ReplicaContext:
             _local_replica_id = self._replica_id % local_count
         self._local_replica_id = _local_replica_id
         # Set by the thread group of a multi-replica run; None means merge_call runs inline.
-        self._merge_channel: Any = None
+        self._merge_channel: MergeChannel | None = None
         self._entered: list[Mode] = []
 
     # --- properties -----------------------------------------------------------------------
@@ -609,6 +617,12 @@ class _AllGatherWithGrad(torch.autograd.Function):
             summed = ctx.replica_ctx._all_reduce_flat(ReduceOp.SUM, filled, ctx.options)
         pieces = [g.narrow(d, o, n) for g, (d, o, n) in zip(summed, ctx.segments)]
         return (None, None, None, *pieces)
+
+
+def route_merge_calls(context: ReplicaContext, channel: MergeChannel | None) -> None:
+    """Route ``context``'s ``merge_call`` through ``channel`` (the thread group of a
+    multi-replica run, ``collective/local.py``); None: it runs inline again."""
+    context._merge_channel = channel
 
 
 class _DefaultReplicaContext(ReplicaContext):

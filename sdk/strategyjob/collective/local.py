@@ -230,7 +230,7 @@ def run_replicas(
     devices = list(devices) if devices is not None else [None] * count
     threads: list[threading.Thread] = []
     for replica, context in zip(group.replicas, contexts):
-        context._merge_channel = group
+        _context.route_merge_calls(context, group)
         thread = threading.Thread(
             target=_replica_main,
             args=(
@@ -263,4 +263,4 @@ def run_replicas(
         for thread in threads:
             thread.join(wait_for_running)
         for context in contexts:
-            context._merge_channel = None
+            _context.route_merge_calls(context, None)
