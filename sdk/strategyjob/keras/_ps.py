@@ -40,6 +40,7 @@ from strategyjob.input import InputContext
 from strategyjob.keras._backend import check_keras_version
 from strategyjob.keras._dataset_creator import DatasetCreator
 from strategyjob.keras._ps_optimizers import KerasAdam, KerasSGD
+from strategyjob.ps import _remote
 from strategyjob.ps import coordinator as coordinator_lib
 from strategyjob.strategies.parameter_server import ParameterServerStrategy
 from strategyjob.train._storage import atomic_write_path
@@ -333,9 +334,7 @@ class PSBinding:
                 )
             )
         model = self._model
-        if not model.built or not all(
-            getattr(v.value, "_sj_ref", None) is not None for v in model.weights
-        ):
+        if not model.built or not all(_remote.ps_ref(v.value) is not None for v in model.weights):
             raise RuntimeError(
                 f"The weights of {model.name} are not all on the ps: build the model in "
                 "strategy.scope() (keras.Input(shape) first, or model.build(input_shape) "
