@@ -75,7 +75,7 @@ def main() -> None:
     port = free_ports(1)[0]
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     strategy = sj.MultiWorkerMirroredStrategy()  # local mode: one replica per local GPU
-    assert strategy.extended._local_devices == (device,), "run with one visible GPU"
+    assert strategy.extended.topology.local_devices == (device,), "run with one visible GPU"
     nccl = ".".join(map(str, torch.cuda.nccl.version()))
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, NCCL {nccl}", flush=True)
     x = torch.randn(BATCH, 784, device=device)

@@ -146,7 +146,7 @@ def worker(args: argparse.Namespace) -> None:
     raw_layer = torch.nn.Linear(args.features, args.hidden)
     raw_layer.load_state_dict(layer.state_dict())
     raw_opt = torch.optim.SGD(raw_layer.parameters(), lr=0.01)
-    torch.manual_seed(ext._worker_index)  # the replica's own batch, equal on its devices
+    torch.manual_seed(ext.topology.worker_index)  # the replica's own batch, equal on its devices
     x = torch.randn(args.batch, args.features)
 
     def sdk_step(x: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,9 @@ python3 -m ruff check --quiet .
 python3 -m ruff format --check --quiet .
 lint-imports --no-cache >/dev/null || lint-imports --no-cache
 python3 -m mypy >/dev/null || python3 -m mypy  # the torch-free packages, strictly ([tool.mypy])
+# the torch side: every function body checked (tools/mypy_torch.ini)
+python3 -m mypy --config-file tools/mypy_torch.ini >/dev/null ||
+  python3 -m mypy --config-file tools/mypy_torch.ini
 
 echo "== control plane (tools/k8s/build-control-plane.sh; cached after the first build)"
 K8S_BIN_DIR="$(bash tools/k8s/build-control-plane.sh 2> >(tail -n 40 >&2))"

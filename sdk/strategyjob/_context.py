@@ -11,15 +11,13 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from . import _nest
+from ._devices import Topology
 from ._reduce import ReduceOp, to_reduce_op
-
-if TYPE_CHECKING:
-    from .strategies.base import Strategy, StrategyExtended
 
 __all__ = [
     "Mode",
@@ -39,6 +37,50 @@ __all__ = [
 CROSS_REPLICA_REQUIRED = (
     "Method requires being in cross-replica context, use get_replica_context().merge_call()"
 )
+
+
+class ContextExtended(Protocol):
+    """What the contexts ask of a strategy's ``extended`` (``strategies.base.StrategyExtended``
+    implements it; declared here, so that this layer imports nothing above it)."""
+
+    @property
+    def topology(self) -> Topology: ...
+
+    def container_strategy(self) -> ContextStrategy: ...
+
+    def on_scope_entered(self) -> None:
+        """Runs when the strategy's scope is entered (not on re-entry)."""
+        ...
+
+    def on_scope_exited(self) -> None:
+        """Runs when the strategy's outermost scope is exited."""
+        ...
+
+    def replica_device_name(self, local_id: int) -> str: ...
+
+    def batch_all_reduce(self, reduce_op: ReduceOp, values: list, options: Any) -> list: ...
+
+    def batch_all_gather(self, values: list, axis: int, options: Any) -> list: ...
+
+
+class MergeChannel(Protocol):
+    """Where the replicas of one multi-replica run meet in ``merge_call``."""
+
+    def merge_call(
+        self, local_id: int, merge_fn: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> Any: ...
+
+
+class ContextStrategy(Protocol):
+    """What the contexts ask of a strategy (``strategies.base.Strategy``)."""
+
+    @property
+    def extended(self) -> ContextExtended: ...
+
+    @property
+    def num_replicas_in_sync(self) -> int: ...
+
+    def scope(self) -> Any: ...
 
 
 class Mode(NamedTuple):
@@ -65,16 +107,16 @@ _default_mode_lock = threading.Lock()
 # The default strategy is a Strategy, which this layer sits under: the strategies layer hands
 # its maker over when it loads (``set_default_strategy_maker``). Every public door to the SDK
 # loads it first (``strategyjob.__getattr__``, the strategies, ``strategyjob.nn``…).
-_default_strategy_maker: Callable[[], Strategy] | None = None
+_default_strategy_maker: Callable[[], ContextStrategy] | None = None
 
 
-def set_default_strategy_maker(maker: Callable[[], Strategy]) -> None:
+def set_default_strategy_maker(maker: Callable[[], ContextStrategy]) -> None:
     """Called once by ``strategies.base``: how to get the strategy in effect when no other is."""
     global _default_strategy_maker
     _default_strategy_maker = maker
 
 
-def _default_strategy() -> Strategy:
+def _default_strategy() -> ContextStrategy:
     if _default_strategy_maker is None:
         raise RuntimeError(
             "strategyjob's default strategy is not loaded: strategyjob.strategies.base was never "
@@ -145,7 +187,7 @@ def replica_mode(replica_context: ReplicaContext) -> Mode:
 # Public queries
 
 
-def get_strategy() -> Strategy:
+def get_strategy() -> ContextStrategy:
     """The current strategy: the innermost ``scope()`` or ``run()``, else the default strategy."""
     return current_mode().strategy
 
@@ -165,12 +207,12 @@ def get_replica_context() -> ReplicaContext | None:
     return current_mode().replica_context
 
 
-def get_cross_replica_context() -> Strategy | None:
+def get_cross_replica_context() -> ContextStrategy | None:
     """The current strategy when in cross-replica context, else None (deprecated in TF)."""
     return current_mode().cross_replica_context
 
 
-def experimental_set_strategy(strategy: Strategy | None) -> None:
+def experimental_set_strategy(strategy: ContextStrategy | None) -> None:
     """Enter ``strategy.scope()`` for the rest of this thread (``None`` clears it)."""
     old_scope = _state.global_scope
     if old_scope is not None:
@@ -206,7 +248,7 @@ def wrong_strategy_scope(strategy: Any, mode: Mode | None = None) -> None:
 
 
 def require_cross_replica_or_default_context_extended(
-    extended: StrategyExtended, error_message: str | None = None
+    extended: ContextExtended, error_message: str | None = None
 ) -> None:
     """Raise unless in cross-replica context of ``extended``'s strategy or the default mode."""
     mode = current_mode()
@@ -215,7 +257,7 @@ def require_cross_replica_or_default_context_extended(
         return
     if not _state.stack or mode is _default_replica_mode():
         return
-    strategy = extended._container_strategy()
+    strategy = extended.container_strategy()
     if mode.strategy is not strategy:
         wrong_strategy_scope(strategy, mode)
     raise RuntimeError(error_message or CROSS_REPLICA_REQUIRED)
@@ -253,13 +295,13 @@ class CrossReplicaScope:
     allowed and pushes nothing.
     """
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: ContextStrategy) -> None:
         self._strategy = strategy
         self._mode = cross_replica_mode(strategy)
         self._reentries: list[int] = []  # per __enter__: 1 if re-entrant, 0 if pushed
         self._on_enter: list[Callable[[], Any]] = []
 
-    def __enter__(self) -> Strategy:
+    def __enter__(self) -> ContextStrategy:
         if has_strategy():
             require_cross_replica_or_default_context_extended(self._strategy.extended)
             self._reentries.append(1)
@@ -267,7 +309,7 @@ class CrossReplicaScope:
         push_mode(self._mode)
         self._reentries.append(0)
         try:
-            self._strategy.extended._enter_scope()
+            self._strategy.extended.on_scope_entered()
         except BaseException:
             self._reentries.pop()
             pop_mode(self._mode)
@@ -280,7 +322,7 @@ class CrossReplicaScope:
         if self._reentries.pop():
             return
         try:
-            self._strategy.extended._exit_scope()
+            self._strategy.extended.on_scope_exited()
         finally:
             if _state.stack and _state.stack[-1] is self._mode:
                 _state.stack.pop()
@@ -294,10 +336,10 @@ class CrossReplicaScope:
 class DefaultScope:
     """``scope()`` of the default strategy: pushes nothing but refuses to nest in real scopes."""
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: ContextStrategy) -> None:
         self._strategy = strategy
 
-    def __enter__(self) -> Strategy:
+    def __enter__(self) -> ContextStrategy:
         if has_strategy():
             raise RuntimeError("Must not nest tf.distribute.Strategy scopes.")
         _state.default_scopes.append(self._strategy)
@@ -352,7 +394,7 @@ class ReplicaContext:
 
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: ContextStrategy,
         replica_id_in_sync_group: int | torch.Tensor | None,
         *,
         _local_replica_id: int | None = None,
@@ -373,17 +415,16 @@ class ReplicaContext:
             self._replica_id_tensor = _UNMADE
             self._replica_id = int(replica_id_in_sync_group)
         if _local_replica_id is None:
-            extended = getattr(strategy, "extended", None)
-            local_count = len(getattr(extended, "_local_devices", ()) or (None,))
+            local_count = len(strategy.extended.topology.local_devices) or 1
             _local_replica_id = self._replica_id % local_count
         self._local_replica_id = _local_replica_id
         # Set by the thread group of a multi-replica run; None means merge_call runs inline.
-        self._merge_channel: Any = None
+        self._merge_channel: MergeChannel | None = None
         self._entered: list[Mode] = []
 
     # --- properties -----------------------------------------------------------------------
     @property
-    def strategy(self) -> Strategy:
+    def strategy(self) -> ContextStrategy:
         return self._strategy
 
     @property
@@ -401,7 +442,7 @@ class ReplicaContext:
     def devices(self) -> tuple[str, ...]:
         """The device(s) this replica computes on, as TensorFlow device names."""
         require_replica_context(self)
-        return (self._strategy.extended._replica_device_name(self._local_replica_id),)
+        return (self._strategy.extended.replica_device_name(self._local_replica_id),)
 
     # --- entering the context directly ----------------------------------------------------
     def __enter__(self) -> ReplicaContext:
@@ -452,8 +493,8 @@ class ReplicaContext:
         return _nest.pack_sequence_as(value, list(reduced))
 
     def _all_reduce_flat(self, reduce_op: ReduceOp, flat: list, options: Any) -> list:
-        def batch_all_reduce(strategy: Strategy, *flat_values: Any) -> list:
-            return strategy.extended._batch_all_reduce(reduce_op, list(flat_values), options)
+        def batch_all_reduce(strategy: ContextStrategy, *flat_values: Any) -> list:
+            return strategy.extended.batch_all_reduce(reduce_op, list(flat_values), options)
 
         return list(self._merge_call(batch_all_reduce, tuple(flat), {}))
 
@@ -476,8 +517,8 @@ class ReplicaContext:
         return _nest.pack_sequence_as(value, list(gathered))
 
     def _all_gather_flat(self, flat: list, axis: int, options: Any) -> list:
-        def batch_all_gather(strategy: Strategy, *flat_values: Any) -> list:
-            return strategy.extended._batch_all_gather(list(flat_values), axis, options)
+        def batch_all_gather(strategy: ContextStrategy, *flat_values: Any) -> list:
+            return strategy.extended.batch_all_gather(list(flat_values), axis, options)
 
         return list(self._merge_call(batch_all_gather, tuple(flat), {}))
 
@@ -578,10 +619,16 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return (None, None, None, *pieces)
 
 
+def route_merge_calls(context: ReplicaContext, channel: MergeChannel | None) -> None:
+    """Route ``context``'s ``merge_call`` through ``channel`` (the thread group of a
+    multi-replica run, ``collective/local.py``); None: it runs inline again."""
+    context._merge_channel = channel
+
+
 class _DefaultReplicaContext(ReplicaContext):
     """The replica context of the default strategy: id is the Python int 0."""
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: ContextStrategy) -> None:
         super().__init__(strategy, None, _local_replica_id=0)
 
     @property

@@ -176,3 +176,22 @@ def to_device(tensor: torch.Tensor, device: torch.device | LogicalDevice | str) 
     if tensor.device.type == target.type and tensor.device.index == target.index:
         return tensor
     return tensor.to(target)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where a strategy's replicas run, as the modules around it may read it (input sharding,
+    variable components, gradient buckets, replica contexts): one value instead of the
+    strategy's own bookkeeping, so a strategy can keep that however it likes."""
+
+    #: One torch device per local replica (CPU devices keep their logical index).
+    local_devices: tuple[torch.device, ...]
+    #: Input pipelines and gradient contributions between processes (TPUStrategy: replicas).
+    num_workers: int
+    #: This process's place among them.
+    worker_index: int
+    num_replicas_in_sync: int
+
+    def global_replica_id(self, local_id: int) -> int:
+        """The ``replica_id_in_sync_group`` of this worker's ``local_id``-th replica."""
+        return self.worker_index * len(self.local_devices) + local_id

@@ -46,7 +46,9 @@ def _one_gpu_strategy() -> sj.MultiWorkerMirroredStrategy:
 def test_local_mode_replicas_are_the_local_gpus():
     strategy = sj.MultiWorkerMirroredStrategy()
     count = torch.cuda.device_count()
-    assert strategy.extended._local_devices == tuple(torch.device("cuda", i) for i in range(count))
+    assert strategy.extended.topology.local_devices == tuple(
+        torch.device("cuda", i) for i in range(count)
+    )
     assert strategy.extended.worker_devices[0] == "/job:localhost/replica:0/task:0/device:GPU:0"
     assert strategy.num_replicas_in_sync == count
 
@@ -54,7 +56,7 @@ def test_local_mode_replicas_are_the_local_gpus():
 def test_local_mode_trains_on_cuda_and_reduces_cuda_values():
     strategy = _one_gpu_strategy()
     device = torch.device("cuda", 0)
-    assert strategy.extended._local_devices == (device,)
+    assert strategy.extended.topology.local_devices == (device,)
     torch.manual_seed(0)
     with strategy.scope():
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(device)

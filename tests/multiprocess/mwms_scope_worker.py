@@ -48,7 +48,7 @@ def seeded(seed: int, build):
 def main() -> dict:
     options = sj.experimental.CommunicationOptions(timeout_seconds=30.0)
     strategy = sj.MultiWorkerMirroredStrategy(communication_options=options)
-    w, i = strategy.extended._num_workers, strategy.extended._worker_index
+    w, i = strategy.extended.topology.num_workers, strategy.extended.topology.worker_index
     g = torch.Generator().manual_seed(7)
     x = torch.randn(PER_WORKER * w, 6, generator=g)
     y = torch.randint(0, 4, (PER_WORKER * w,), generator=g)

@@ -157,7 +157,7 @@ def scenario_collectives() -> dict:
 def scenario_train() -> dict:
     """MWMS training equals single-process training on the global batch."""
     strategy = make_strategy()
-    w, i = strategy.extended._num_workers, strategy.extended._worker_index
+    w, i = strategy.extended.topology.num_workers, strategy.extended.topology.worker_index
     steps, per_worker = 4, 4
     g = torch.Generator().manual_seed(7)
     x = torch.randn(per_worker * w, 6, generator=g)

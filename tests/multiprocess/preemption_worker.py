@@ -47,7 +47,7 @@ def main() -> None:
 
     options = sj.experimental.CommunicationOptions(timeout_seconds=60)
     strategy = sj.MultiWorkerMirroredStrategy(communication_options=options)
-    workers, index = strategy.extended._num_workers, strategy.extended._worker_index
+    workers, index = strategy.extended.topology.num_workers, strategy.extended.topology.worker_index
     with strategy.scope():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))

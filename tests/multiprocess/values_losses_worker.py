@@ -32,7 +32,7 @@ def _listed(value):
 
 
 def values(strategy: sj.MultiWorkerMirroredStrategy) -> dict:
-    i = strategy.extended._worker_index
+    i = strategy.extended.topology.worker_index
 
     def replica_fn() -> dict:
         ctx = sj.get_replica_context()
@@ -101,7 +101,7 @@ def _split(n: int, parts: int) -> list[int]:
 def train(strategy: sj.MultiWorkerMirroredStrategy, n: int, explicit_gb: bool) -> float:
     """MWMS training with a ported TF loss vs one process doing TF's math on the global batch;
     returns the largest parameter difference."""
-    workers, i = strategy.extended._num_workers, strategy.extended._worker_index
+    workers, i = strategy.extended.topology.num_workers, strategy.extended.topology.worker_index
     rng = np.random.default_rng(n)
     x = torch.from_numpy(rng.normal(size=(n, 3)))
     y = torch.from_numpy(rng.integers(0, 2, size=n))

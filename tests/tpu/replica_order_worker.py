@@ -44,7 +44,7 @@ def main() -> dict:
     local = strategy.experimental_local_results
     return {
         "rank": rank,
-        "replica": strategy.extended._worker_index,
+        "replica": strategy.extended.topology.worker_index,
         "should_checkpoint": bool(strategy.extended.should_checkpoint),
         "initial": initial.tolist(),
         "weight": layer.weight.detach().tolist(),

@@ -125,7 +125,7 @@ def mixed_radix(cores: int) -> dict:
         topology, computation_shape=[1, 1, 1, cores], num_replicas=topology.num_tasks // cores
     )
     strategy = TPUStrategy(resolver, experimental_device_assignment=assignment)
-    return {"rank": dist.get_rank(), **mixes(strategy, strategy.extended._worker_index)}
+    return {"rank": dist.get_rank(), **mixes(strategy, strategy.extended.topology.worker_index)}
 
 
 def main(cores: int) -> dict:

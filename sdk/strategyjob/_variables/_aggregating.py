@@ -90,7 +90,7 @@ class AggregatingVariable(_VariableBase):
         ctx = _in_replica_context_of(self._distribute_strategy)
         if ctx is None:
             return None
-        devices = getattr(self._distribute_strategy.extended, "_local_devices", ())
+        devices = self._distribute_strategy.extended.topology.local_devices
         if not devices:
             return None
         return _devices.canonicalize(devices[_local_replica_id(ctx, len(devices))]).torch_device

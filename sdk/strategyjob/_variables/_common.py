@@ -191,8 +191,8 @@ def _in_replica_context_of(strategy: Any) -> Any:
 def _local_replica_id(ctx: Any, count: int) -> int:
     index = getattr(ctx, "_local_replica_id", None)
     if index is None:
-        index = getattr(ctx, "replica_id_in_sync_group", 0)
-        index = int(index) if not isinstance(index, int) else index
+        replica_id = getattr(ctx, "replica_id_in_sync_group", 0)
+        index = replica_id if isinstance(replica_id, int) else int(replica_id)
     return index if 0 <= index < count else 0
 
 

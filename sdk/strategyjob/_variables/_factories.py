@@ -108,8 +108,8 @@ def create_distributed_variable(
     ):
         raise ValueError(_MEAN_NON_FLOAT_MSG)
     tensor = extended.collectives.broadcast_from_chief(tensor)
-    devices = [_devices.canonicalize(d) for d in extended._local_devices]
-    components = []
+    devices = [_devices.canonicalize(d) for d in extended.topology.local_devices]
+    components: list[Any] = []
     for i, device in enumerate(devices):
         source = tensor if i == 0 else components[0].read_value()
         components.append(

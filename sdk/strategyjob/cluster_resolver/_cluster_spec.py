@@ -27,7 +27,9 @@ class ClusterSpec:
         self._cluster_spec: dict[str, dict[int, str]] = {}
         if isinstance(cluster, ClusterSpec):
             for job_name in cluster.jobs:
-                self._cluster_spec[job_name] = dict(cluster._cluster_spec[job_name])
+                self._cluster_spec[job_name] = {
+                    i: cluster.task_address(job_name, i) for i in cluster.task_indices(job_name)
+                }
             return
         if not isinstance(cluster, Mapping):
             raise TypeError(_BAD_CLUSTER)

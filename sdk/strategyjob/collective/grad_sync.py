@@ -22,9 +22,9 @@ How:
 
 * A global module parameter-registration hook registers every parameter created while a
   strategy's ``scope()`` is entered on the current thread with that strategy
-  (``extended._register_parameter``) and with its :class:`GradientSynchronizer`.
+  (``extended.register_parameter``) and with its :class:`GradientSynchronizer`.
 * TensorFlow distributes every variable created in scope, however it was made, so mirrored
-  strategies (``extended._adopts_parameters``) also take parameters that reach the scope
+  strategies (``extended.adopts_parameters``) also take parameters that reach the scope
   another way: a module deep-copied or unpickled (``torch.load``) there, a module attached
   there, or an optimizer created there over a module built outside (its param groups name
   every parameter it updates); and parameters later attached to a synchronised module or
@@ -62,7 +62,7 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.nn.modules import module as _module
@@ -71,16 +71,19 @@ from torch.optim import optimizer as _optimizer
 from torch.utils.weak import WeakIdKeyDictionary
 
 from strategyjob import _context
+from strategyjob._devices import Topology
 from strategyjob._reduce import ReduceOp
 from strategyjob.collective import _torch_internals
+from strategyjob.collective.backend import CollectiveBackend
 
 __all__ = [
     "NOT_CREATED_IN_SCOPE",
     "GradientSynchronizer",
+    "SynchronizedExtended",
     "observe_modules_in_scope",
+    "owner_of",
     "scope_entered",
     "scope_exited",
-    "synchronizer_for",
 ]
 
 #: TensorFlow's error (Keras ``compile``) for a variable not created in the strategy's scope,
@@ -262,8 +265,8 @@ def _build_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[
 class GradientSynchronizer:
     """The parameters registered with one strategy, and how their gradients are averaged.
 
-    The strategy's ``extended`` provides ``_local_devices``, ``_num_workers`` and
-    ``collectives`` (a ``collective.backend.CollectiveBackend``): gradient buckets of
+    The strategy's ``extended`` (a :class:`SynchronizedExtended`) provides its ``topology``
+    and ``collectives`` (a ``collective.backend.CollectiveBackend``): gradient buckets of
     ``bucket_bytes`` start with ``all_reduce_async`` to overlap communication with backward,
     other gradients go through ``all_reduce``. Strategies that must give new parameters the
     chief's values take them from :meth:`take_pending_broadcast`.
@@ -273,7 +276,7 @@ class GradientSynchronizer:
     strategy, every bucket is reduced at each optimizer step.
     """
 
-    def __init__(self, extended: Any) -> None:
+    def __init__(self, extended: SynchronizedExtended) -> None:
         self._extended_ref = weakref.ref(extended)
         self.params: list[torch.nn.Parameter] = []
         self._pending_broadcast: list[torch.nn.Parameter] = []
@@ -290,7 +293,7 @@ class GradientSynchronizer:
         self._start_all_reduce: Callable[[torch.Tensor], Any] | None = None  # set with _overlap
 
     @property
-    def extended(self) -> Any:
+    def extended(self) -> Any:  # a SynchronizedExtended while its strategy lives
         return self._extended_ref()
 
     # --- registration -------------------------------------------------------------------
@@ -320,20 +323,20 @@ class GradientSynchronizer:
         return ready
 
     # --- topology (fixed for a strategy; cached because the hooks run every step) ---------
-    def _local_replicas(self) -> int:
+    def local_replicas(self) -> int:
         if self._local is None:
-            self._local = len(getattr(self.extended, "_local_devices", ()) or (None,))
+            self._local = len(self.extended.topology.local_devices) or 1
         return self._local
 
     def _num_workers(self) -> int:
         if self._workers is None:
-            self._workers = int(getattr(self.extended, "_num_workers", 1) or 1)
+            self._workers = self.extended.topology.num_workers or 1
         return self._workers
 
     def _overlapping(self) -> bool:
         """One replica per process and several workers: the bucketed (DDP-like) path."""
         if self._overlap is None:
-            self._overlap = self._num_workers() > 1 and self._local_replicas() == 1
+            self._overlap = self._num_workers() > 1 and self.local_replicas() == 1
             if self._overlap:
                 self._start_all_reduce = self.extended.collectives.all_reduce_async
         return self._overlap
@@ -403,7 +406,7 @@ class GradientSynchronizer:
         produced; only gradients set another way (by hand, ``torch.autograd.grad``) are
         averaged here.
         """
-        workers, local = self._num_workers(), self._local_replicas()
+        workers, local = self._num_workers(), self.local_replicas()
         if workers == 1 and local == 1:
             return
         if self._overlapping():
@@ -444,13 +447,38 @@ class GradientSynchronizer:
                 self._next_launch = 0
 
 
-def synchronizer_for(extended: Any) -> GradientSynchronizer:
-    """The strategy's synchronizer, created on first use (stored on ``extended``)."""
-    sync = getattr(extended, "_strategyjob_grad_sync", None)
-    if sync is None:
-        sync = GradientSynchronizer(extended)
-        extended._strategyjob_grad_sync = sync
-    return sync
+class SynchronizedExtended(Protocol):
+    """What the synchroniser and the torch hooks here ask of a strategy's ``extended``
+    (``strategies.base.StrategyExtended`` declares it)."""
+
+    collectives: CollectiveBackend
+    #: Whether parameters that reach the strategy without being built in its scope are
+    #: registered as if built there (mirrored strategies).
+    adopts_parameters: bool
+
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def num_replicas_in_sync(self) -> int: ...
+
+    @property
+    def gradient_synchronizer(self) -> GradientSynchronizer:
+        """The strategy's synchroniser (one per strategy, made on first use)."""
+        ...
+
+    def register_parameter(
+        self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
+    ) -> torch.nn.Parameter | None:
+        """Called for each parameter created or adopted in scope; may return a replacement."""
+        ...
+
+    def container_strategy(self) -> Any: ...
+
+
+def owner_of(param: torch.Tensor) -> GradientSynchronizer | None:
+    """The synchroniser ``param`` is registered with (its strategy's), else None."""
+    return _owner.get(param)
 
 
 # --------------------------------------------------------------------------- torch hooks
@@ -462,9 +490,9 @@ def _scope_strategy() -> Any:
     return mode.strategy
 
 
-def _adopts(extended: Any) -> bool:
+def _adopts(extended: SynchronizedExtended | None) -> bool:
     """Whether ``extended``'s strategy takes parameters that were not built in its scope."""
-    return extended is not None and getattr(extended, "_adopts_parameters", False) is True
+    return extended is not None and extended.adopts_parameters
 
 
 def _owning_extended(tensor: torch.Tensor | None) -> Any:
@@ -475,30 +503,28 @@ def _owning_extended(tensor: torch.Tensor | None) -> Any:
 
 
 def _register(
-    extended: Any, param: torch.nn.Parameter, module: torch.nn.Module
+    extended: SynchronizedExtended, param: torch.nn.Parameter, module: torch.nn.Module
 ) -> torch.nn.Parameter | None:
     """Register a parameter being put in ``module``; returns the strategy's replacement for it
     (CentralStorageStrategy: a copy on the parameter device), if any."""
-    register = getattr(extended, "_register_parameter", None)
-    replacement = register(param, module) if register is not None else None
+    replacement = extended.register_parameter(param, module)
     if not isinstance(replacement, torch.nn.Parameter):
         replacement = None
-    synchronizer_for(extended).add(param if replacement is None else replacement)
+    extended.gradient_synchronizer.add(param if replacement is None else replacement)
     return replacement
 
 
-def _adopt(extended: Any, params: Iterable[torch.Tensor | None]) -> None:
+def _adopt(extended: SynchronizedExtended, params: Iterable[torch.Tensor | None]) -> None:
     """Register parameters that reached the strategy without being built in its scope, as if
     they had been. Modules and optimizers already hold them, so a placement the strategy asks
     for (its replacement's device) is made in place."""
-    register = getattr(extended, "_register_parameter", None)
     for param in params:
         if param is None or param in _owner:
             continue
-        replacement = register(param) if register is not None else None
+        replacement = extended.register_parameter(param)  # type: ignore[arg-type]
         if isinstance(replacement, torch.Tensor) and replacement is not param:
             param.data = replacement.data
-        synchronizer_for(extended).add(param)
+        extended.gradient_synchronizer.add(param)  # type: ignore[arg-type]
 
 
 def _on_parameter_registered(
@@ -513,9 +539,8 @@ def _on_parameter_registered(
         return None  # plain torch (no strategy has parameters), or already synchronised
     # Put in a module the strategy synchronises (replacing one of its parameters, or next to
     # them): ``model.scale = nn.Parameter(...)``, ``load_state_dict(..., assign=True)``.
-    extended = _owning_extended(module._parameters.get(name)) or _owning_extended(
-        next(module.parameters(), None)
-    )
+    replaced = module._parameters.get(name)  # noqa: SLF001  (torch's hook runs before the put)
+    extended = _owning_extended(replaced) or _owning_extended(next(module.parameters(), None))
     return None if extended is None else _register(extended, param, module)
 
 
@@ -624,12 +649,12 @@ def _check_synchronised(params: list[torch.Tensor], syncs: list[GradientSynchron
             break
     else:
         return
-    sync = getattr(extended, "_strategyjob_grad_sync", None)
+    sync = extended.gradient_synchronizer
     for p in params:
-        if sync is None or _owner.get(p) is not sync:
+        if _owner.get(p) is not sync:
             raise ValueError(
                 NOT_CREATED_IN_SCOPE.format(
-                    variable=_describe(p), strategy=extended._container_strategy()
+                    variable=_describe(p), strategy=extended.container_strategy()
                 )
             )
 
@@ -649,7 +674,7 @@ def _optimizer_synchronizers(opt: torch.optim.Optimizer) -> list[GradientSynchro
 
 def _multi_replica_context(syncs: list[GradientSynchronizer]) -> Any:
     """The replica context when this call comes from one of several local replica threads."""
-    if not syncs or syncs[0]._local_replicas() == 1:
+    if not syncs or syncs[0].local_replicas() == 1:
         return None
     return _context.get_replica_context()
 
@@ -663,19 +688,24 @@ def _stash_grads(opt: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.T
     return stash
 
 
+#: The gradients a merged step set aside, per optimizer, until the replicas' steps are done.
+_stashed_grads: weakref.WeakKeyDictionary[
+    torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor | None]]
+] = weakref.WeakKeyDictionary()
+
+
 def _merged_step(strategy: Any, opt: torch.optim.Optimizer) -> None:
     for sync in _optimizer_synchronizers(opt):
         sync.synchronize()
     with _Bypass():
         opt.step()
     # The other replicas' own step() calls must not apply the update again.
-    opt._strategyjob_stash = _stash_grads(opt)
+    _stashed_grads[opt] = _stash_grads(opt)
 
 
 def _merged_restore(strategy: Any, opt: torch.optim.Optimizer) -> None:
-    for p, grad in getattr(opt, "_strategyjob_stash", ()):
+    for p, grad in _stashed_grads.pop(opt, ()):
         p.grad = grad
-    opt._strategyjob_stash = []
 
 
 def _step_pre_hook(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -765,7 +795,8 @@ class _TorchHooks:
 
     def _install(self) -> None:
         self._handles = [
-            _module.register_module_parameter_registration_hook(_on_parameter_registered),
+            # torch's stub says the hook returns None; its code takes a replacement parameter
+            _module.register_module_parameter_registration_hook(_on_parameter_registered),  # type: ignore[arg-type]
             _module.register_module_module_registration_hook(_on_module_registered),
             _optimizer.register_optimizer_step_pre_hook(_step_pre_hook),
             _optimizer.register_optimizer_step_post_hook(_step_post_hook),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -52,7 +52,6 @@ class _Replica:
         self.error: BaseException | None = None
         self.merge_request: tuple[Callable[..., Any], tuple, dict] | None = None
         self.merge_result: Any = None
-        self.thread: threading.Thread | None = None
 
 
 class _ReplicaGroup:
@@ -136,9 +135,9 @@ class _ReplicaGroup:
     def coordinate(self) -> list[Any]:
         while True:
             self._wait_until_settled()
-            failed = [r for r in self.replicas if r.error is not None]
-            if failed:
-                raise failed[0].error
+            errors = [r.error for r in self.replicas if r.error is not None]
+            if errors:
+                raise errors[0]
             merging = [r for r in self.replicas if r.status == _MERGING]
             if not merging:
                 return [r.result for r in self.replicas]
@@ -147,7 +146,9 @@ class _ReplicaGroup:
             self._run_merge()
 
     def _run_merge(self) -> None:
-        requests = [r.merge_request for r in self.replicas]
+        requests = cast(
+            "list[tuple[Callable[..., Any], tuple, dict]]", [r.merge_request for r in self.replicas]
+        )  # every replica is merging: each made its request
         merge_fn = requests[0][0]
         args = _values.regroup(tuple(req[1] for req in requests))
         kwargs = _values.regroup(tuple(req[2] for req in requests))
@@ -227,9 +228,10 @@ def run_replicas(
     group = _ReplicaGroup(strategy, count, timeout, sequential)
     grad_enabled = torch.is_grad_enabled()
     devices = list(devices) if devices is not None else [None] * count
+    threads: list[threading.Thread] = []
     for replica, context in zip(group.replicas, contexts):
-        context._merge_channel = group
-        replica.thread = threading.Thread(
+        _context.route_merge_calls(context, group)
+        thread = threading.Thread(
             target=_replica_main,
             args=(
                 group,
@@ -244,10 +246,11 @@ def run_replicas(
             name=f"replica-{replica.local_id}",
             daemon=True,
         )
+        threads.append(thread)
     wait_for_running: float | None = timeout
     try:
-        for replica in group.replicas:
-            replica.thread.start()
+        for thread in threads:
+            thread.start()
         return group.coordinate()
     except BaseException as exc:
         group.abort()
@@ -257,7 +260,7 @@ def run_replicas(
     finally:
         # Paused replicas unwind at once; running ones finish their current work first. After
         # a timeout, a replica that never arrives is left behind (daemon) rather than awaited.
-        for replica in group.replicas:
-            replica.thread.join(wait_for_running)
+        for thread in threads:
+            thread.join(wait_for_running)
         for context in contexts:
-            context._merge_channel = None
+            _context.route_merge_calls(context, None)

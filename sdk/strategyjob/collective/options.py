@@ -90,7 +90,7 @@ class CommunicationOptions:
             other.implementation,
         )
 
-    __hash__ = None  # mutable, like TensorFlow's
+    __hash__ = None  # type: ignore[assignment]  # mutable, like TensorFlow's
 
     def __repr__(self) -> str:
         return (

@@ -30,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from strategyjob.collective.result_buffers import MIN_POOLED_BYTES, ResultBuffer
 __all__ = [
     "ClusterMembership",
     "CollectiveGroup",
+    "current_group",
     "get_group",
     "membership_from_cluster",
 ]
@@ -301,7 +302,7 @@ class _InFlight:
 
     def _release_done(self) -> None:
         if self._held:
-            self._held = [t for t in self._held if t._use_count() > 1]
+            self._held = [t for t in self._held if t._use_count() > 1]  # type: ignore[attr-defined]
 
     def drain(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every alias is released; True if all were.
@@ -562,7 +563,7 @@ class CollectiveGroup:
         elif self._owns_pg and dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        self._pg = self._store = None
+        self._pg = self._store = None  # type: ignore[assignment]  # closed: never used again
         self._listener.close()
 
     def _backend(self) -> str:
@@ -701,7 +702,7 @@ class CollectiveGroup:
 
     def _activities(self) -> dict[str, waiting.Activity | None]:
         """What each peer of this group's collectives says it is doing, by task name."""
-        members = self._peers.keys()
+        members: Iterable[int] = self._peers.keys()
         if self._dist_group is not None:  # a sub-group: only its members take part
             members = set(dist.get_process_group_ranks(self._dist_group)) & set(members)
         return {self.task_name(r): _activity(self._peers[r]) for r in sorted(members)}
@@ -1117,6 +1118,12 @@ def _packs(tensors: Sequence[torch.Tensor], bytes_per_pack: int) -> list[list[in
 
 _group: CollectiveGroup | None = None
 _group_lock = threading.Lock()
+
+
+def current_group() -> CollectiveGroup | None:
+    """The collective group this process joined (:func:`get_group`), else None: how
+    checkpoints and preemption agree between workers when no strategy is at hand."""
+    return _group
 
 
 def get_group(membership: ClusterMembership, options: CommunicationOptions) -> CollectiveGroup:

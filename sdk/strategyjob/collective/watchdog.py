@@ -78,7 +78,7 @@ class BlockingWaitWatchdog:
 def _end_process(error: BaseException, thread_id: int) -> None:
     """Print ``error`` as Python prints an uncaught one raised where ``thread_id`` waits, and
     exit 1 at once (the waiting thread never returns, so nothing else could)."""
-    frame = sys._current_frames().get(thread_id)
+    frame = sys._current_frames().get(thread_id)  # noqa: SLF001  (where the thread waits)
     stack = traceback.format_stack(frame) if frame is not None else []
     kind = type(error)
     text = "".join(

@@ -9,7 +9,7 @@ rebuilt loader keeps the original's worker processes, pinning and seeds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
@@ -93,7 +93,10 @@ def local_loader(
     kwargs: dict[str, Any] = {
         "batch_size": None,
         "sampler": _LocalSubBatchIndices(
-            loader.batch_sampler, num_replicas, num_workers, worker_index
+            cast("Iterable[Sequence[int]]", loader.batch_sampler),  # batch_size is set
+            num_replicas,
+            num_workers,
+            worker_index,
         ),
         "collate_fn": _as_is,
         "num_workers": loader.num_workers,

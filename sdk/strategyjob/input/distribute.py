@@ -29,15 +29,15 @@ __all__ = ["distribute_dataset", "distribute_datasets_from_function"]
 
 def _topology(extended: Any) -> tuple[int, int, int, int]:
     """``(R, W, w, Rw)`` of the strategy, checking that replicas divide evenly among workers."""
-    num_replicas = int(extended.num_replicas_in_sync)
-    num_workers = int(extended._num_workers)
+    topology = extended.topology
+    num_replicas, num_workers = topology.num_replicas_in_sync, topology.num_workers
     if num_replicas % num_workers != 0:
         raise ValueError(
             "tf.distribute expects every worker to have the same number of replicas. However, "
             f"encountered `num_replicas_in_sync` ({num_replicas}) that cannot be divided by "
             f"`num_workers` ({num_workers})"
         )
-    return num_replicas, num_workers, int(extended._worker_index), len(extended._local_devices)
+    return num_replicas, num_workers, topology.worker_index, len(topology.local_devices)
 
 
 def _as_policy(policy: Any) -> AutoShardPolicy:
@@ -105,6 +105,7 @@ class _Plan:
             count = streams.step_count(streams.exact_length(source), self.num_local)
             return streams.group_steps(source, self.num_local), count
         if self.split == Split.BALANCED:
+            assert self.batch_size is not None  # split_for balances only a known batch size
             sizes = batch_sizes_for_worker(
                 self.batch_size, self.num_workers, self.num_local, self.worker_index
             )
@@ -197,7 +198,7 @@ def distribute_datasets_from_function(
         datasets = []
         for local_id in range(num_local):
             context = InputContext(
-                num_replicas, int(extended._global_replica_id(local_id)), num_replicas
+                num_replicas, extended.topology.global_replica_id(local_id), num_replicas
             )
             datasets.append(dataset_fn(context))
             _check_iterable(datasets[-1], "The value returned by `dataset_fn`")

@@ -14,15 +14,36 @@ agreement per step beyond it, none before.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from .. import _nest
+from .._devices import Topology
 from ..errors import InvalidArgumentError, OutOfRangeError
 from .structure import empty_like, to_device
 
-__all__ = ["DistributedDataset", "DistributedIterator", "Optional"]
+__all__ = ["DistributedDataset", "DistributedIterator", "InputExtended", "Optional"]
+
+
+class _InputAgreement(Protocol):
+    """The agreements of a ``collective.backend.CollectiveBackend`` the input layer uses."""
+
+    def least_count(self, count: int | None) -> int: ...
+
+    def start_any_has_data(self, flag: bool) -> Callable[[], bool]: ...
+
+
+class InputExtended(Protocol):
+    """What the input layer asks of a strategy's ``extended``: where its replicas are, and how
+    workers agree on the end of the input (``strategies.base.StrategyExtended`` declares it)."""
+
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def collectives(self) -> _InputAgreement: ...
+
 
 _NEXT_IN_REPLICA_FN = (
     "next(iterator) should be called from outside of replica_fn. e.g. "
@@ -81,7 +102,7 @@ class DistributedIterator:
     def __init__(
         self,
         steps: Iterator[list[Any]],
-        extended: Any,
+        extended: InputExtended,
         *,
         fetch_to_device: bool,
         step_count: int | None = None,
@@ -91,7 +112,7 @@ class DistributedIterator:
         self._agreed_steps: int | None = None  # steps every worker has data for (first next)
         self._taken = 0
         self._extended = extended
-        self._devices = tuple(_torch_device(d) for d in extended._local_devices)
+        self._devices = tuple(_torch_device(d) for d in extended.topology.local_devices)
         self._fetch_to_device = fetch_to_device
         self._last_present: Any = None  # shapes the empty batches of exhausted replicas
         self._finished = False
@@ -128,7 +149,7 @@ class DistributedIterator:
         if self._taken < self._agreed_steps:
             if step is None:
                 raise InvalidArgumentError(
-                    f"The input of worker {self._extended._worker_index} ended after "
+                    f"The input of worker {self._extended.topology.worker_index} ended after "
                     f"{self._taken} steps although its len() promised {self._step_count}, so "
                     "the other workers cannot know when this pass ends. Give the DataLoader a "
                     "sampler whose __len__ is the number of indices it yields."
@@ -159,8 +180,8 @@ class DistributedIterator:
         if any(entry is None for entry in step):
             if self._last_present is None:
                 raise InvalidArgumentError(
-                    f"Worker {self._extended._worker_index} has no input at all while other "
-                    "workers still have data, so its replicas have no batch to shape their "
+                    f"Worker {self._extended.topology.worker_index} has no input at all while "
+                    "other workers still have data, so its replicas have no batch to shape their "
                     "empty batches after. Give every worker a non-empty share of the input "
                     "(e.g. more, or more evenly sized, files)."
                 )
@@ -184,7 +205,7 @@ class DistributedDataset:
     def __init__(
         self,
         make_pass: Callable[[], tuple[Iterator[list[Any]], int | None]],
-        extended: Any,
+        extended: InputExtended,
         *,
         fetch_to_device: bool,
     ) -> None:
@@ -199,4 +220,5 @@ class DistributedDataset:
         )
 
     def __repr__(self) -> str:
-        return f"<DistributedDataset over {len(self._extended._local_devices)} local replica(s)>"
+        count = len(self._extended.topology.local_devices)
+        return f"<DistributedDataset over {count} local replica(s)>"

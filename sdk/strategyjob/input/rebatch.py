@@ -66,7 +66,7 @@ def balanced_sub_batches(
         if rows == 0:
             return
         need = min(size, rows)
-        parts = []
+        parts: list[Any] = []
         while need > 0 or not parts:
             head, head_rows = pending[0]
             if head_rows <= need:

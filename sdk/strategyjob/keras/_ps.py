@@ -40,6 +40,7 @@ from strategyjob.input import InputContext
 from strategyjob.keras._backend import check_keras_version
 from strategyjob.keras._dataset_creator import DatasetCreator
 from strategyjob.keras._ps_optimizers import KerasAdam, KerasSGD
+from strategyjob.ps import _remote
 from strategyjob.ps import coordinator as coordinator_lib
 from strategyjob.strategies.parameter_server import ParameterServerStrategy
 from strategyjob.train._storage import atomic_write_path
@@ -114,7 +115,7 @@ def ps_optimizer(
         rate = float(optimizer.learning_rate)
     decay = config.get("weight_decay")
     # Keras's own test of exclude_from_weight_decay (a method of its optimizers, 3.10-3.15).
-    if decay and not all(optimizer._use_weight_decay(v) for v in trainable):
+    if decay and not all(optimizer._use_weight_decay(v) for v in trainable):  # noqa: SLF001
         raise NotImplementedError(
             _NOT_ON_PS.format(
                 what=f"{name}.exclude_from_weight_decay (the ps decay every weight alike)",
@@ -250,7 +251,7 @@ class PSBinding:
         if replica is None:
             return
         # strategyjob.train.Checkpoint reads the ps's optimizer state the same way.
-        slots = self._strategy.extended._optimizer_slots(replica.optimizer)
+        slots = self._strategy.extended.optimizer_slots(replica.optimizer)
         if not slots:
             return  # not stepped yet
         trainable = self._model.trainable_weights
@@ -333,9 +334,7 @@ class PSBinding:
                 )
             )
         model = self._model
-        if not model.built or not all(
-            getattr(v.value, "_sj_ref", None) is not None for v in model.weights
-        ):
+        if not model.built or not all(_remote.ps_ref(v.value) is not None for v in model.weights):
             raise RuntimeError(
                 f"The weights of {model.name} are not all on the ps: build the model in "
                 "strategy.scope() (keras.Input(shape) first, or model.build(input_shape) "

@@ -50,4 +50,4 @@ def through_strategyjob_summary(callbacks: Iterable[Any], strategy: Any) -> None
         if callback.write_graph:
             callback.write_graph = False
             logger.warning(GRAPH_LEFT_OUT)
-        callback._summary_module = summary
+        callback._summary_module = summary  # noqa: SLF001  (Keras's hook for its summary ops)

@@ -164,7 +164,7 @@ def _refuse_weightless_compile(model_module: Any, strategy: Any) -> None:
     hook for a model's construction, so the ``compile`` frame's model is read off the stack."""
     if model_module is None:
         return
-    frame = sys._getframe(2)
+    frame = sys._getframe(2)  # noqa: SLF001  (the caller of Keras's name scope)
     for _ in range(_COMPILE_FRAMES):
         if frame is None:
             return

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import torch
 
+from strategyjob.ps import _remote
+
 __all__ = ["SyncedExtended", "track"]
 
 
@@ -70,7 +72,7 @@ def track(module: torch.nn.Module, extended: SyncedExtended) -> None:
 
 
 def _own_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in module.parameters(recurse=False) if getattr(p, "_sj_ref", None) is not None]
+    return [p for p in module.parameters(recurse=False) if _remote.ps_ref(p) is not None]
 
 
 def _pull(module: torch.nn.Module, *_: Any) -> None:

@@ -36,6 +36,8 @@ __all__ = [
     "RemoteEmbedding",
     "RemoteOptimizer",
     "ShardedParamRef",
+    "place_on_ps",
+    "ps_ref",
     "worker_state",
 ]
 
@@ -198,10 +200,20 @@ class ShardedParamRef:
         return out
 
 
+def ps_ref(param: Any) -> ParamRef | ShardedParamRef | None:
+    """The ps variable(s) behind a module parameter placed on the ps, else None."""
+    return getattr(param, "_sj_ref", None)
+
+
+def place_on_ps(param: torch.Tensor, ref: ParamRef | ShardedParamRef) -> None:
+    """Mark ``param`` as the coordinator's copy of the ps variable(s) ``ref``."""
+    param._sj_ref = ref  # type: ignore[attr-defined]  # an attribute of this instance only
+
+
 def coordinator_hook(obj: Any) -> Any:
     """Persistent id of a module parameter placed on the ps (see ``_wire.dumps``)."""
     if isinstance(obj, torch.Tensor):
-        ref = getattr(obj, "_sj_ref", None)
+        ref = ps_ref(obj)
         if ref is not None:
             return ("param", ref)
     return None
@@ -318,7 +330,7 @@ class RemoteEmbedding(torch.nn.Module):
 
 
 def _reduce_embedding(module: torch.nn.Embedding) -> Any:
-    ref = getattr(module.weight, "_sj_ref", None)
+    ref = ps_ref(module.weight)
     if not isinstance(ref, ShardedParamRef):
         return NotImplemented
     return (RemoteEmbedding, (ref, module.padding_idx))
@@ -340,11 +352,7 @@ def _plain(value: Any) -> Any:
 
 def holds_ps_parameters(opt: torch.optim.Optimizer) -> bool:
     """Whether ``opt`` updates parameters held by parameter servers (its steps run there)."""
-    return any(
-        getattr(p, "_sj_ref", None) is not None
-        for group in opt.param_groups
-        for p in group["params"]
-    )
+    return any(ps_ref(p) is not None for group in opt.param_groups for p in group["params"])
 
 
 def optimizer_key(opt: torch.optim.Optimizer) -> str:
@@ -455,7 +463,7 @@ class WorkerState:
                 param = torch.nn.Parameter(
                     torch.zeros(ref.shape, dtype=ref.dtype), requires_grad=ref.requires_grad
                 )
-                param._sj_ref = ref
+                place_on_ps(param, ref)
                 self.params[ref.key] = param
             return param
 

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from strategyjob import _context, _nest
-from strategyjob._devices import LogicalDevice, canonicalize, to_device
+from strategyjob._devices import LogicalDevice, Topology, canonicalize, to_device
 from strategyjob._reduce import ReduceOp, to_reduce_op
 from strategyjob._values import (
     DistributedValues,
@@ -38,9 +37,18 @@ from strategyjob._values import (
 )
 from strategyjob.collective import grad_sync
 from strategyjob.collective.backend import IN_PROCESS, CollectiveBackend
+from strategyjob.input import InputContext, distribute_dataset, distribute_datasets_from_function
 from strategyjob.input.options import AutoShardPolicy
 
-__all__ = ["InputWorker", "RunOptions", "Strategy", "StrategyExtended", "add_scope_entry_check"]
+__all__ = [
+    "HoldsOptimizerSlots",
+    "InputWorker",
+    "RunOptions",
+    "Strategy",
+    "StrategyExtended",
+    "add_scope_entry_check",
+    "broadcast_pending_parameters",
+]
 
 GATHER_REQUIRES_CROSS_REPLICA = (
     "tf.distribute.Strategy.gather method requires cross-replica context, use "
@@ -186,12 +194,48 @@ def add_scope_entry_check(check: Callable[[Strategy], None]) -> None:
         _scope_entry_checks.append(check)
 
 
+@runtime_checkable
+class HoldsOptimizerSlots(Protocol):
+    """A strategy's ``extended`` that keeps the state of optimizers over its parameters itself
+    (ParameterServerStrategy: on the parameter servers, which run the steps): checkpoints
+    (``train.Checkpoint``) and Keras's optimizer read and restore that state through it."""
+
+    def optimizer_slots(self, opt: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+        """``opt``'s per-parameter state as ``Optimizer.state_dict()["state"]`` lays it out."""
+        ...
+
+    def load_optimizer_slots(
+        self, opt: torch.optim.Optimizer, state: dict[int, dict[str, Any]]
+    ) -> None:
+        """Put ``state`` (laid out as :meth:`optimizer_slots` gives it) where ``opt``'s is."""
+        ...
+
+
+def broadcast_pending_parameters(extended: StrategyExtended) -> None:
+    """Give every parameter registered since the last call the chief's value.
+
+    Parameters are registered when modules are built (before their initialisers run), so the
+    strategies of several processes call this when the outermost scope exits and before each
+    ``run``; every worker builds the same modules in the same order, so the broadcasts line up.
+    """
+    pending = extended.gradient_synchronizer.take_pending_broadcast()
+    if pending:
+        with torch.no_grad():
+            extended.collectives.broadcast_from_chief_in_place([p.data for p in pending])
+
+
 class StrategyExtended:
     """Additional APIs for algorithms that need to be distribution-aware (TF's ``extended``).
 
     Hooks a concrete strategy sets or overrides: ``_logical_devices`` (one ``LogicalDevice``
     per local replica), ``_num_workers``, ``_worker_index``, ``collectives``,
-    ``_create_variable``, ``_register_parameter``, ``_call_for_each_replica``.
+    ``_create_variable``, ``register_parameter``, ``_call_for_each_replica``.
+
+    What the modules around a strategy may ask of its ``extended`` is declared here, without
+    underscores: ``topology``, ``collectives``, ``gradient_synchronizer``,
+    ``adopts_parameters`` / ``register_parameter`` (``collective.grad_sync``'s
+    ``SynchronizedExtended``) and ``container_strategy()``; a strategy that keeps optimizer
+    state elsewhere also implements :class:`HoldsOptimizerSlots`.
 
     ``collectives`` is the strategy's :class:`~strategyjob.collective.backend.CollectiveBackend`:
     every operation between workers (reductions, gathers, broadcasts of the chief's values,
@@ -208,8 +252,9 @@ class StrategyExtended:
         self._cluster_resolver: Any = None
         #: The collectives between this strategy's workers (identities within one process).
         self.collectives: CollectiveBackend = IN_PROCESS
+        self._gradient_synchronizer: grad_sync.GradientSynchronizer | None = None
 
-    def _container_strategy(self) -> Strategy:
+    def container_strategy(self) -> Strategy:
         strategy = self._container_strategy_weakref()
         if strategy is None:
             raise RuntimeError(
@@ -224,8 +269,21 @@ class StrategyExtended:
         """One torch device per local replica (CPU devices keep their logical index)."""
         return tuple(d.torch_device for d in self._logical_devices)
 
-    def _global_replica_id(self, local_id: int) -> int:
-        return self._worker_index * len(self._logical_devices) + local_id
+    @property
+    def topology(self) -> Topology:
+        """Where this strategy's replicas run, for the modules around it (input, variables,
+        gradient synchronisation, replica contexts)."""
+        return Topology(
+            self._local_devices, self._num_workers, self._worker_index, self.num_replicas_in_sync
+        )
+
+    @property
+    def gradient_synchronizer(self) -> grad_sync.GradientSynchronizer:
+        """The synchroniser of the gradients of this strategy's parameters (made on first use:
+        ``collective/grad_sync.py`` registers the parameters built in scope with it)."""
+        if self._gradient_synchronizer is None:
+            self._gradient_synchronizer = grad_sync.GradientSynchronizer(self)
+        return self._gradient_synchronizer
 
     @property
     def num_replicas_in_sync(self) -> int:
@@ -234,7 +292,7 @@ class StrategyExtended:
     def _in_multi_worker_mode(self) -> bool:
         return self._num_workers > 1
 
-    def _replica_device_name(self, local_id: int) -> str:
+    def replica_device_name(self, local_id: int) -> str:
         return self._logical_devices[local_id].name
 
     def _input_host(self) -> LogicalDevice:
@@ -248,15 +306,15 @@ class StrategyExtended:
     def _scope(self, strategy: Strategy) -> Any:
         return _context.CrossReplicaScope(strategy)
 
-    def _enter_scope(self) -> None:
+    def on_scope_entered(self) -> None:
         """Runs when this strategy's scope is entered (not on re-entry)."""
         for check in _scope_entry_checks:
-            check(self._container_strategy())
+            check(self.container_strategy())
         # The torch hooks that register modules and optimizers built in scope exist only while
         # some strategy's scope is entered; they look the strategy up through `_context`.
         grad_sync.scope_entered()
 
-    def _exit_scope(self) -> None:
+    def on_scope_exited(self) -> None:
         """Runs when this strategy's outermost scope is exited."""
         grad_sync.scope_exited()
 
@@ -273,7 +331,7 @@ class StrategyExtended:
         from strategyjob import _variables
 
         return _variables.create_distributed_variable(
-            self._container_strategy(),
+            self.container_strategy(),
             initial_value,
             trainable=trainable,
             name=name,
@@ -286,18 +344,18 @@ class StrategyExtended:
     #: built there, and an optimizer stepped in ``run`` over parameters of no strategy is
     #: refused (``collective/grad_sync.py``). Mirrored strategies set it: their replicas must
     #: hold the same values, as TF's do for every variable created in scope.
-    _adopts_parameters: bool = False
+    adopts_parameters: bool = False
 
-    def _register_parameter(
+    def register_parameter(
         self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
     ) -> torch.nn.Parameter | None:
-        """Called for each ``nn.Parameter`` created (or, with ``_adopts_parameters``, adopted) in
+        """Called for each ``nn.Parameter`` created (or, with ``adopts_parameters``, adopted) in
         scope, with the module it is put in when known; may return a replacement (adopted ones
         take its value and device in place)."""
 
     def variable_created_in_scope(self, v: Any) -> bool:
         """Whether ``v`` was created while this strategy's scope was active."""
-        return getattr(v, "_distribute_strategy", None) is self._container_strategy()
+        return getattr(v, "_distribute_strategy", None) is self.container_strategy()
 
     def value_container(self, value: Any) -> Any:
         """The distributed variable that ``value`` is a component of, else ``value``."""
@@ -343,7 +401,7 @@ class StrategyExtended:
     def _experimental_distribute_dataset(
         self, dataset: Any, options: Any, auto_shard_policy: Any
     ) -> Any:
-        return _input_module().distribute_dataset(
+        return distribute_dataset(
             dataset,
             extended=self,
             options=options,
@@ -352,9 +410,7 @@ class StrategyExtended:
         )
 
     def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
-        return _input_module().distribute_datasets_from_function(
-            dataset_fn, extended=self, options=options
-        )
+        return distribute_datasets_from_function(dataset_fn, extended=self, options=options)
 
     # --- running replicas -----------------------------------------------------------------
     def call_for_each_replica(
@@ -364,7 +420,7 @@ class StrategyExtended:
         _context.require_cross_replica_or_default_context_extended(self)
         if kwargs is None:
             kwargs = {}
-        with self._container_strategy().scope():
+        with self.container_strategy().scope():
             return self._call_for_each_replica(fn, tuple(args), kwargs)
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -372,8 +428,8 @@ class StrategyExtended:
 
     def _make_replica_context(self, local_id: int) -> _context.ReplicaContext:
         return _context.ReplicaContext(
-            self._container_strategy(),
-            self._global_replica_id(local_id),
+            self.container_strategy(),
+            self.topology.global_replica_id(local_id),
             _local_replica_id=local_id,
         )
 
@@ -395,9 +451,10 @@ class StrategyExtended:
         return (value,)
 
     def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        topology = self.topology
         results = [
-            value_fn(ValueContext(self._global_replica_id(i), self.num_replicas_in_sync))
-            for i in range(len(self._logical_devices))
+            value_fn(ValueContext(topology.global_replica_id(i), topology.num_replicas_in_sync))
+            for i in range(len(topology.local_devices))
         ]
         return regroup(results, always_wrap=True)
 
@@ -579,7 +636,7 @@ class StrategyExtended:
         reduced = self.reduce_to(reduce_op, value, self._default_reduce_destination())
         return self._local_results(reduced)[0]
 
-    def _batch_all_reduce(self, reduce_op: ReduceOp, values: list, options: Any) -> list:
+    def batch_all_reduce(self, reduce_op: ReduceOp, values: list, options: Any) -> list:
         """The merge function of ``ReplicaContext.all_reduce``: each replica gets a copy."""
         pairs = [(v, v if isinstance(v, DistributedValues) else _device_of(v)) for v in values]
         return self.batch_reduce_to(reduce_op, pairs, options)
@@ -602,7 +659,7 @@ class StrategyExtended:
         gathered = self.collectives.all_gather(local, dim)
         return self._place_on(destinations, gathered)
 
-    def _batch_all_gather(self, values: list, axis: int, options: Any) -> list:
+    def batch_all_gather(self, values: list, axis: int, options: Any) -> list:
         """The merge function of ``ReplicaContext.all_gather``: each replica gets a copy."""
         return [self._gather_to(v, v, axis, options) for v in values]
 
@@ -624,7 +681,7 @@ class StrategyExtended:
         kwargs = dict(kwargs or {})
         replica_context = _context.get_replica_context()
         if replica_context is None or _context.is_default_strategy(replica_context.strategy):
-            with self._container_strategy().scope():
+            with self.container_strategy().scope():
                 return self._update(var, fn, tuple(args), kwargs, group)
 
         def merge_fn(_: Strategy, *merged_args: Any, **merged_kwargs: Any) -> Any:
@@ -838,10 +895,6 @@ class Strategy:
         return result
 
 
-def _input_module() -> Any:
-    return importlib.import_module("strategyjob.input")
-
-
 def _auto_shard(policy: Any) -> Any:
     return policy if policy is not None else AutoShardPolicy.AUTO
 
@@ -877,7 +930,7 @@ class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended
         return _context.DefaultScope(strategy)
 
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        with _context.ReplicaContext(self._container_strategy(), 0, _local_replica_id=0):
+        with _context.ReplicaContext(self.container_strategy(), 0, _local_replica_id=0):
             return fn(*args, **kwargs)
 
     def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
@@ -909,7 +962,7 @@ class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended
         return dataset
 
     def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
-        return dataset_fn(_input_module().InputContext())
+        return dataset_fn(InputContext())
 
 
 class _DefaultDistributionStrategy(Strategy):

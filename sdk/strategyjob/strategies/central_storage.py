@@ -55,7 +55,7 @@ class CentralStorageExtended(MirroredExtended):
     # --- variables --------------------------------------------------------------------------
     def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        strategy = self._container_strategy()
+        strategy = self.container_strategy()
         if len(self._logical_devices) > 1:
             # Every synchronization (ON_READ included) is aggregated, as in TensorFlow.
             return _variables.create_aggregating_variable(
@@ -65,7 +65,7 @@ class CentralStorageExtended(MirroredExtended):
             strategy, initial_value, device=self._parameter_device, **kwargs
         )
 
-    def _register_parameter(
+    def register_parameter(
         self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
     ) -> torch.nn.Parameter | None:
         """Module parameters created in scope live on the parameter device, like variables

@@ -53,7 +53,7 @@ class MirroredExtended(StrategyExtended):
     _sequential_replicas = True
     #: Module parameters that reach the scope however they were made are mirrored, as TF's
     #: variables are (a deep copy, ``torch.load``, an optimizer created in scope over them).
-    _adopts_parameters = True
+    adopts_parameters = True
 
     def __init__(
         self,
@@ -78,7 +78,7 @@ class MirroredExtended(StrategyExtended):
                     result = fn(*select_replica(0, args), **select_replica(0, kwargs))
             return regroup([result])
         results = local.run_replicas(
-            self._container_strategy(),
+            self.container_strategy(),
             fn,
             contexts,
             [select_replica(i, args) for i in range(count)],

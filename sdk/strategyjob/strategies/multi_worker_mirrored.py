@@ -26,7 +26,7 @@ from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolve
 from strategyjob.collective import process_group
 from strategyjob.collective.backend import InProcessCollectives, ProcessGroupCollectives
 from strategyjob.collective.options import CommunicationOptions
-from strategyjob.strategies.base import Strategy, _divide
+from strategyjob.strategies.base import Strategy, _divide, broadcast_pending_parameters
 from strategyjob.strategies.mirrored import MirroredExtended
 
 __all__ = ["MultiWorkerMirroredExtended", "MultiWorkerMirroredStrategy"]
@@ -86,6 +86,7 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         self._task_id = task_id
         self._group: process_group.CollectiveGroup | None = None
         if num_workers > 1:
+            assert task_type is not None and task_id is not None  # checked above
             membership = process_group.membership_from_cluster(
                 cluster_spec.as_dict(), task_type, task_id
             )
@@ -129,22 +130,11 @@ class MultiWorkerMirroredExtended(MirroredExtended):
 
     # --- module parameters: start identical on every worker ----------------------------------
     def _broadcast_pending_parameters(self) -> None:
-        """Give every parameter registered since the last call the chief's value.
+        if self._group is not None:
+            broadcast_pending_parameters(self)
 
-        Parameters are registered when modules are built (before their initialisers run), so
-        this runs when the outermost scope exits and before each ``run``; every worker builds
-        the same modules in the same order, so the broadcasts line up.
-        """
-        sync = getattr(self, "_strategyjob_grad_sync", None)
-        if sync is None or self._group is None:
-            return
-        pending = sync.take_pending_broadcast()
-        if pending:
-            with torch.no_grad():
-                self.collectives.broadcast_from_chief_in_place([p.data for p in pending])
-
-    def _exit_scope(self) -> None:
-        super()._exit_scope()
+    def on_scope_exited(self) -> None:
+        super().on_scope_exited()
         if sys.exc_info()[0] is None:  # not while an error unwinds: peers may not follow
             self._broadcast_pending_parameters()
 
@@ -156,10 +146,11 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         cls = type(self)
         result = cls.__new__(cls)
         memo[id(self)] = result
-        shared = {"_group", "_cluster_resolver", "_strategyjob_grad_sync", "collectives"}
+        shared = {"_group", "_cluster_resolver", "_gradient_synchronizer", "collectives"}
         for key, value in self.__dict__.items():
             if key not in shared:
                 setattr(result, key, copy.deepcopy(value, memo))
+        result._gradient_synchronizer = None  # the copy makes its own on first use
         result._group = self._group  # one process group per process
         result._cluster_resolver = self._cluster_resolver
         result.collectives = self.collectives

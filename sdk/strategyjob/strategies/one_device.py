@@ -45,7 +45,7 @@ class OneDeviceExtended(_SingleReplicaExtendedMixin, StrategyExtended):
 
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         return _variables.create_plain_variable(
-            self._container_strategy(), initial_value, device=self._device, **kwargs
+            self.container_strategy(), initial_value, device=self._device, **kwargs
         )
 
     def _default_reduce_destination(self) -> torch.device:

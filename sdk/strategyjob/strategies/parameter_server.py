@@ -15,7 +15,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -23,6 +23,7 @@ from strategyjob import _context, _variables
 from strategyjob._devices import LogicalDevice
 from strategyjob.cluster_resolver.multi_worker_util import validate_cluster_spec
 from strategyjob.ps import _cluster, _module_sync, _remote, _transport, _wire, coordinator
+from strategyjob.ps.coordinator import ClusterCoordinator
 from strategyjob.ps.partitioners import div_partition, num_partitions
 from strategyjob.ps.sharded_variable import ShardedVariable
 from strategyjob.strategies.base import Strategy, StrategyExtended, _SingleReplicaExtendedMixin
@@ -79,7 +80,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         self._variable_partitioner = variable_partitioner
         # None: the process's (a worker's view of the strategy, built before any cluster).
         self._ps_transport: _cluster.PSTransport | None = transport
-        self._coordinator: coordinator.ClusterCoordinator | None = None
+        self._coordinator: ClusterCoordinator | None = None
         self._num_ps = transport.num_ps if transport is not None else 0
         self._counter = 0
         self._lock = threading.Lock()
@@ -156,7 +157,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             )
         tensor = _variables._initial_tensor(initial_value, None)
         common = dict(trainable=trainable, synchronization=sync, aggregation=agg)
-        strategy = self._container_strategy()
+        strategy = self.container_strategy()
         colocate = self._colocate_with
         if colocate is not None:
             task = colocate._task if hasattr(colocate, "_task") else colocate.variables[0]._task
@@ -176,7 +177,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             for i, (offset, size) in enumerate(div_partition(tensor.shape[0], n))
         ]
         sharded = ShardedVariable(shards, name=base)
-        sharded._distribute_strategy = strategy
+        sharded._distribute_strategy = strategy  # type: ignore[attr-defined]  # as variables'
         return sharded
 
     def _make(self, tensor, task, name, base, strategy, common) -> _remote.PSVariable:
@@ -203,20 +204,20 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             self._colocate_with = previous
 
     def variable_created_in_scope(self, v: Any) -> bool:
-        return getattr(v, "_distribute_strategy", None) is self._container_strategy()
+        return getattr(v, "_distribute_strategy", None) is self.container_strategy()
 
     # --- module parameters ---------------------------------------------------------------
-    def _exit_scope(self) -> None:
-        super()._exit_scope()
+    def on_scope_exited(self) -> None:
+        super().on_scope_exited()
         self._flush_parameters()
 
-    def _register_parameter(
+    def register_parameter(
         self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
     ) -> None:
         """Place a module parameter created in scope on the ps (its value is sent when the
         scope exits, after the module's own initialisation); only an embedding table's
         weight is sharded."""
-        if getattr(param, "_sj_ref", None) is not None:
+        if _remote.ps_ref(param) is not None:
             return None
         shape, dtype = param.shape, param.dtype
         base = f"{type(module).__name__ if module is not None else 'param'}"
@@ -233,9 +234,10 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                     requires_grad=param.requires_grad,
                 )
             )
-        param._sj_ref = refs[0] if n <= 1 else _remote.ShardedParamRef(tuple(refs))
+        ref = refs[0] if n <= 1 else _remote.ShardedParamRef(tuple(refs))
+        _remote.place_on_ps(param, ref)
         with self._lock:
-            self._pending.append((param, param._sj_ref))
+            self._pending.append((param, ref))
         if module is not None:
             _module_sync.track(module, self)
         return None
@@ -261,21 +263,22 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             self.transport.run_ps_ops(task, task_ops, wait=True)
 
     def _parameter_device(self, param: torch.nn.Parameter) -> str | list[str]:
-        ref = param._sj_ref
+        ref = _remote.ps_ref(param)
         if isinstance(ref, _remote.ShardedParamRef):
             return [s.device for s in ref.shards]
+        assert ref is not None  # asked for this strategy's parameters only
         return ref.device
 
     def pull_parameters(self, params: Any) -> None:
         """Copy the ps values of ``params`` (module parameters created in scope) into the
         coordinator's tensors (``ps._module_sync`` calls it before the chief uses a module)."""
         self._flush_parameters()
-        wanted = [(p, _shards(p._sj_ref)) for p in params if getattr(p, "_sj_ref", None)]
+        wanted = [(p, _shards(ref)) for p in params if (ref := _remote.ps_ref(p))]
         reads: defaultdict[int, list] = defaultdict(list)
         for _, shards in wanted:
             for shard in shards:
                 reads[shard.task].append(shard.key)
-        values = {}  # one round trip per ps
+        values: dict[str, Any] = {}  # one round trip per ps
         for task, keys in reads.items():
             results = self.transport.run_ps_ops(task, [_remote.var_op("read", k) for k in keys])
             values.update(zip(keys, results))
@@ -288,10 +291,10 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         """Assign the coordinator's values of ``params`` to their ps variables (after
         ``load_state_dict`` on the chief)."""
         self._flush_parameters()
-        self._write_to_ps("assign", [(p, p._sj_ref) for p in params if getattr(p, "_sj_ref", None)])
+        self._write_to_ps("assign", [(p, ref) for p in params if (ref := _remote.ps_ref(p))])
 
     # --- optimizer state on the ps (strategyjob.train.Checkpoint) ------------------------
-    def _optimizer_slots(self, opt: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+    def optimizer_slots(self, opt: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
         """The state the ps keep for ``opt`` (momentum and the like), laid out as its
         ``state_dict()["state"]``: by parameter index, each sharded parameter's shards joined."""
         if getattr(opt, "_sj_key", None) is None:  # never shipped: never stepped on the ps
@@ -302,7 +305,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         for _, _, shards, spec in wanted:
             for shard in shards:
                 reads[shard.task].append(_remote.var_op("read_slots", shard.key, optimizer=spec))
-        values = {}  # one round trip per ps
+        values: dict[str, Any] = {}  # one round trip per ps
         for task, ops in reads.items():
             results = self.transport.run_ps_ops(task, ops)
             values.update((op.name, _wire.unpack_state(r)) for op, r in zip(ops, results))
@@ -316,7 +319,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                 }
         return state
 
-    def _load_optimizer_slots(
+    def load_optimizer_slots(
         self, opt: torch.optim.Optimizer, state: dict[int, dict[str, Any]]
     ) -> None:
         """Give the ps ``state`` (a restored ``state_dict()["state"]``) for ``opt``, split as
@@ -349,7 +352,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         for group in opt.param_groups:
             spec = None
             for param in group["params"]:
-                ref = getattr(param, "_sj_ref", None)
+                ref = _remote.ps_ref(param)
                 if ref is not None:
                     spec = spec or _remote.optimizer_json(opt, group)
                     yield index, param, _shards(ref), spec
@@ -362,12 +365,13 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         return self._ps_transport if self._ps_transport is not None else _cluster.current()
 
     @property
-    def coordinator(self) -> coordinator.ClusterCoordinator | None:
+    def coordinator(self) -> ClusterCoordinator | None:
         return self._coordinator
 
-    def attach_coordinator(self, cluster_coordinator: coordinator.ClusterCoordinator) -> None:
+    def attach_coordinator(self, cluster_coordinator: ClusterCoordinator) -> None:
         self._coordinator = cluster_coordinator
-        self._container_strategy()._cluster_coordinator = cluster_coordinator
+        strategy = cast("ParameterServerStrategy", self.container_strategy())
+        strategy._cluster_coordinator = cluster_coordinator  # TF's attribute
 
     def before_schedule(self) -> None:
         """Before a function is queued: the ps get the parameters still waiting to be sent,
@@ -394,7 +398,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if self._cluster_resolver is not None and self._coordinator is None:
             log.warning(NO_COORDINATOR_WARNING)
-        with _context.ReplicaContext(self._container_strategy(), 0, _local_replica_id=0):
+        with _context.ReplicaContext(self.container_strategy(), 0, _local_replica_id=0):
             return fn(*args, **kwargs)
 
     # --- devices and roles ----------------------------------------------------------------
@@ -460,7 +464,7 @@ class ParameterServerStrategy(Strategy):
             from strategyjob.cluster_resolver import TFConfigClusterResolver
 
             cluster_resolver = TFConfigClusterResolver()
-        self._cluster_coordinator = None
+        self._cluster_coordinator: ClusterCoordinator | None = None
         super().__init__(
             ParameterServerStrategyExtended(self, cluster_resolver, variable_partitioner, transport)
         )

@@ -58,7 +58,7 @@ from strategyjob.collective import process_group
 from strategyjob.collective.backend import ProcessGroupCollectives
 from strategyjob.collective.options import CommunicationOptions
 from strategyjob.collective.watchdog import BlockingWaitWatchdog
-from strategyjob.strategies.base import Strategy, StrategyExtended
+from strategyjob.strategies.base import Strategy, StrategyExtended, broadcast_pending_parameters
 from strategyjob.strategies.compat_methods import CompatV1StrategyMethods
 from strategyjob.tpu.device_assignment import DeviceAssignment
 from strategyjob.tpu.topology import line_topology
@@ -83,7 +83,7 @@ _SHARED_STATE = frozenset(
         "_split_meshes",
         "_core_meshes",
         "_device_assignment",
-        "_strategyjob_grad_sync",
+        "_gradient_synchronizer",
     }
 )
 _IMPLICIT_REPLICATION_WARNING = ".*implicitly creating a replicated DTensor.*"
@@ -136,7 +136,7 @@ class _Cluster:
     def connect(self) -> None:
         """Join the cluster's process group (MultiWorkerMirroredStrategy's, with its bounded
         waits); a one-process cluster still gets a process group for ``DeviceMesh``."""
-        if self.world_size > 1:
+        if self._membership is not None and self.world_size > 1:
             self.group = process_group.get_group(self._membership, CommunicationOptions())
         elif not dist.is_initialized():
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -247,6 +247,7 @@ class _SplitToLogicalDevices(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, mesh: DeviceMesh, placements: tuple) -> Any:
         coordinate = mesh.get_coordinate()
+        assert coordinate is not None  # every process of the job is on the mesh
         local = tensor.detach()
         for mesh_dim, placement in enumerate(placements):
             if isinstance(placement, Shard):
@@ -504,7 +505,7 @@ class TPUExtended(StrategyExtended):
         return self.should_checkpoint
 
     # --- module parameters -------------------------------------------------------------------
-    def _register_parameter(
+    def register_parameter(
         self, param: torch.nn.Parameter, module: torch.nn.Module | None = None
     ) -> None:
         """Keep gradients plain tensors: a parameter used with DTensors (implicit replication)
@@ -518,16 +519,11 @@ class TPUExtended(StrategyExtended):
             param.grad = self._logical_value(grad)
 
     def _broadcast_pending_parameters(self) -> None:
-        sync = getattr(self, "_strategyjob_grad_sync", None)
-        if sync is None or self._group is None:
-            return
-        pending = sync.take_pending_broadcast()
-        if pending:
-            with torch.no_grad():
-                self.collectives.broadcast_from_chief_in_place([p.data for p in pending])
+        if self._group is not None:
+            broadcast_pending_parameters(self)
 
-    def _exit_scope(self) -> None:
-        super()._exit_scope()
+    def on_scope_exited(self) -> None:
+        super().on_scope_exited()
         self._broadcast_pending_parameters()
 
     # --- running the replica ---------------------------------------------------------------
@@ -573,17 +569,17 @@ class TPUExtended(StrategyExtended):
             return mesh, placements
         split_dims = [i for i, d in enumerate(dims) if d > 1]
         split_shape = tuple(dims[i] for i in split_dims)
-        mesh = self._split_meshes.get(split_shape)
-        if mesh is None:
+        cached = self._split_meshes.get(split_shape)
+        if cached is None:
             names = ("replica", *(f"split_{i}" for i in range(len(split_shape))))
             full = DeviceMesh(
                 self._device_type,
                 torch.as_tensor(self._grid).reshape(self._grid.shape[0], *split_shape),
                 mesh_dim_names=names,
             )
-            mesh = full[names[1:]]
-            self._split_meshes[split_shape] = mesh
-        return mesh, [Shard(i) for i in split_dims]
+            cached = full[names[1:]]
+            self._split_meshes[split_shape] = cached
+        return cached, [Shard(i) for i in split_dims]
 
     def _core_mesh(self, logical_core: int) -> DeviceMesh:
         """A one-device mesh holding this replica's ``logical_core`` (no collective needed)."""
@@ -702,7 +698,7 @@ class _TPUStrategyBase(Strategy):
         device. Raises ``ValueError`` in SPMD mode or for an id outside the replica's logical
         devices.
         """
-        extended = self._extended
+        extended = self.extended
         if extended._use_spmd_for_xla_partitioning:
             raise ValueError(SPMD_ASSIGN_ERROR)
         count = extended.num_cores_per_replica
@@ -723,7 +719,7 @@ class _TPUStrategyBase(Strategy):
         with row-major index ``j`` lives on logical device ``j``. The gradient flows back to
         ``tensor`` whole.
         """
-        extended = self._extended
+        extended = self.extended
         count = extended.num_cores_per_replica
         if not hasattr(tensor, "shape"):
             tensor = torch.as_tensor(tensor)
@@ -754,7 +750,7 @@ class _TPUStrategyBase(Strategy):
 
     def experimental_replicate_to_logical_devices(self, tensor: Any) -> Any:
         """Copy ``tensor`` to every logical device of the replica (a replicated ``DTensor``)."""
-        return self._extended._replicate(tensor)
+        return self.extended._replicate(tensor)
 
 
 class TPUStrategy(_TPUStrategyBase):

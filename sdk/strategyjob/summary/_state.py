@@ -11,18 +11,24 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from strategyjob.summary._writer import SummaryWriter
+from typing import Any, Protocol
 
 #: ``record_if``'s condition: a bool, or a callable giving one each time a summary is made.
 Condition = bool | Callable[[], Any]
 
 
+class DefaultWriter(Protocol):
+    """What the summary ops ask of the default writer (``_writer.SummaryWriter``), declared
+    here so that this state sits under the writer that sets it."""
+
+    def write(self, tag: str, value: Any, step: int) -> bool: ...
+
+    def flush(self) -> None: ...
+
+
 @dataclass
 class _State:
-    writer: SummaryWriter | None = None
+    writer: DefaultWriter | None = None
     step: Any = None
     recording: list[Condition] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)

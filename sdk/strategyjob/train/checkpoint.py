@@ -20,6 +20,7 @@ import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from strategyjob import _context, errors
+from strategyjob.strategies.base import HoldsOptimizerSlots
 from strategyjob.train import _storage
 
 __all__ = ["Checkpoint", "CheckpointLoadStatus", "InitializationOnlyStatus"]
@@ -65,9 +66,9 @@ def _strategy_of(obj: Any) -> Any:
         return None
     from strategyjob.collective import grad_sync  # torch.distributed: on first use
 
-    sync = grad_sync._owner.get(param)
-    extended = getattr(sync, "extended", None)
-    return extended._container_strategy() if extended is not None else None
+    sync = grad_sync.owner_of(param)
+    extended = sync.extended if sync is not None else None
+    return extended.container_strategy() if extended is not None else None
 
 
 def strategy_for(checkpoint: Checkpoint) -> Any:
@@ -90,7 +91,7 @@ def _role(checkpoint: Checkpoint) -> _Role:
         return _Role(bool(extended.should_checkpoint), extended.collectives.any_has_data)
     from strategyjob.collective import process_group
 
-    group = process_group._group
+    group = process_group.current_group()
     if group is not None and group.world_size > 1:
         return _Role(group.rank == 0, group.any)
     return _Role(True, _single)
@@ -186,10 +187,10 @@ def _laid_out_like(saved: Any, current: Any) -> Any:
     return saved
 
 
-def _ps_slots_owner(obj: Any, extended: Any) -> Any:
+def _ps_slots_owner(obj: Any, extended: Any) -> HoldsOptimizerSlots | None:
     """``extended`` when ``obj`` is an optimizer whose state lives on its parameter servers
     (ParameterServerStrategy runs the optimizer's steps there), else None."""
-    if extended is None or not hasattr(extended, "_optimizer_slots"):
+    if not isinstance(extended, HoldsOptimizerSlots):
         return None
     if not isinstance(obj, torch.optim.Optimizer):
         return None
@@ -205,7 +206,7 @@ def _capture(obj: Any, extended: Any = None) -> tuple[str, Any]:
     if kind == "state_dict":
         state = obj.state_dict()
         if (owner := _ps_slots_owner(obj, extended)) is not None:
-            state["state"] = owner._optimizer_slots(obj)
+            state["state"] = owner.optimizer_slots(obj)
         return kind, _whole(state)
     if kind == "variable":
         read = getattr(obj, "_checkpoint_value", None) or obj.read_value
@@ -269,7 +270,7 @@ class _Restore:
         elif own == "state_dict":
             obj.load_state_dict(_laid_out_like(value, obj.state_dict()))
             if (owner := _ps_slots_owner(obj, self.extended)) is not None:
-                owner._load_optimizer_slots(obj, value.get("state", {}))
+                owner.load_optimizer_slots(obj, value.get("state", {}))
                 obj.state.clear()  # the ps step with it; the chief's copy would go stale
         elif own == "variable":
             _check_shape(name, obj, value)

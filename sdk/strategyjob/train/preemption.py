@@ -135,7 +135,7 @@ def _agreement(checkpoint: Checkpoint) -> Callable[[bool], Callable[[], bool]]:
         return strategy.extended.collectives.start_any_has_data
     from strategyjob.collective import process_group
 
-    group = process_group._group
+    group = process_group.current_group()
     if group is not None and group.world_size > 1:
         return group.any_async
     return lambda flag: lambda: flag
@@ -241,10 +241,7 @@ class PreemptionCheckpointHandler:
         self._stop_watching = threading.Event()
         self._watcher: threading.Thread | None = None
         if self._watcher_fn is not None:
-            self._watcher = threading.Thread(
-                target=self._poll_watcher, name=f"TerminationWatcher-{self._worker}", daemon=True
-            )
-            self._watcher.start()
+            self._start_watcher(self._watcher_fn)
         else:
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -257,10 +254,19 @@ class PreemptionCheckpointHandler:
             self._signal_time = time.time()
             self._signalled.set()
 
-    def _poll_watcher(self) -> None:
+    def _start_watcher(self, watcher_fn: Callable[[], bool]) -> None:
+        self._watcher = threading.Thread(
+            target=self._poll_watcher,
+            args=(watcher_fn,),
+            name=f"TerminationWatcher-{self._worker}",
+            daemon=True,
+        )
+        self._watcher.start()
+
+    def _poll_watcher(self, watcher_fn: Callable[[], bool]) -> None:
         while not self._stop_watching.is_set():
             try:
-                if self._watcher_fn():
+                if watcher_fn():
                     self._notice()
                     return
             except Exception as e:  # a broken watcher must not end training
@@ -342,6 +348,7 @@ class PreemptionCheckpointHandler:
             self._run_counter,
         )
         begin = time.monotonic()
+        path: str | None
         if self._save_fn is not None:
             self._save_fn(*args, **kwargs)
             path = "save_fn"
@@ -364,10 +371,7 @@ class PreemptionCheckpointHandler:
         self._countdown = False
         if self._watcher_fn is not None:
             self._stop_watching = threading.Event()
-            self._watcher = threading.Thread(
-                target=self._poll_watcher, name=f"TerminationWatcher-{self._worker}", daemon=True
-            )
-            self._watcher.start()
+            self._start_watcher(self._watcher_fn)
 
 
 def _forget_pending(handler_ref: weakref.ref[PreemptionCheckpointHandler]) -> None:

@@ -278,7 +278,7 @@ def test_copy_rules(mirrored: sj.MirroredStrategy) -> None:
         copy.copy(mirrored)
     clone = copy.deepcopy(mirrored)
     assert clone is not mirrored and clone.extended is not mirrored.extended
-    assert clone.extended._container_strategy() is clone
+    assert clone.extended.container_strategy() is clone
     assert clone.num_replicas_in_sync == 2
     only_one = r"^Should only create a single instance of _DefaultDistributionStrategy$"
     with pytest.raises(RuntimeError, match=only_one):

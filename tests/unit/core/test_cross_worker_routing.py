@@ -74,7 +74,7 @@ def test_host_value_with_one_local_replica_is_all_reduced() -> None:
 def test_local_replicas_are_summed_before_the_cross_worker_call() -> None:
     strategy = _FakePeerStrategy(["cpu:0", "cpu:1"])
     assert strategy.num_replicas_in_sync == 4
-    assert [strategy.extended._global_replica_id(i) for i in range(2)] == [0, 1]
+    assert [strategy.extended.topology.global_replica_id(i) for i in range(2)] == [0, 1]
     strategy.extended.collectives.peer = [[torch.tensor([10.0, 10.0])]]
     value = sj.PerReplica([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])])
     assert strategy.reduce("MEAN", value, axis=None).tolist() == [3.5, 4.0]  # (4+10)/4, (6+10)/4

@@ -232,10 +232,10 @@ def test_parameter_attached_later_to_a_synchronised_module_is_synchronised():
         model.scale = nn.Parameter(torch.ones(1))  # next to synchronised ones
         replaced = nn.Parameter(torch.zeros(3))
         model.body[2].bias = replaced  # replacing one (as load_state_dict(assign=True) does)
-    sync = grad_sync.synchronizer_for(strategy.extended)
-    assert grad_sync._owner.get(model.scale) is sync
-    assert grad_sync._owner.get(replaced) is sync
-    assert model.plain not in grad_sync._owner
+    sync = strategy.extended.gradient_synchronizer
+    assert grad_sync.owner_of(model.scale) is sync
+    assert grad_sync.owner_of(replaced) is sync
+    assert grad_sync.owner_of(model.plain) is None
     opt = _make_opt(model.parameters())  # steps it in run: refused, as TF refuses
     with pytest.raises(ValueError, match="was not created in the distribution strategy scope"):
         _train(strategy, model, opt, 1)
@@ -250,9 +250,9 @@ def test_copy_made_outside_scope_stays_plain_and_frozen_parameters_are_accepted(
         model.register_parameter("frozen", nn.Parameter(torch.zeros(2), requires_grad=False))
         twin = copy.deepcopy(model)  # a frozen parameter is copied and registered too
     ema = copy.deepcopy(model)  # outside scope: plain torch, e.g. an EMA of the weights
-    sync = grad_sync.synchronizer_for(strategy.extended)
-    assert all(grad_sync._owner.get(p) is sync for p in twin.parameters())
-    assert not any(p in grad_sync._owner for p in ema.parameters())
+    sync = strategy.extended.gradient_synchronizer
+    assert all(grad_sync.owner_of(p) is sync for p in twin.parameters())
+    assert all(grad_sync.owner_of(p) is None for p in ema.parameters())
 
 
 def test_single_replica_strategies_are_unaffected(monkeypatch):
@@ -271,7 +271,7 @@ def test_single_replica_strategies_are_unaffected(monkeypatch):
         base = _base()
         with strategy.scope():
             copied = copy.deepcopy(base)
-        assert all((p in grad_sync._owner) == mirrors for p in copied.parameters())
+        assert all((grad_sync.owner_of(p) is not None) == mirrors for p in copied.parameters())
         model = _base()  # module and optimizer outside any scope
         opt = _make_opt(model.parameters())
         _train(strategy, model, opt, STEPS)
@@ -308,7 +308,7 @@ def test_optimizer_over_synchronised_and_outside_parameters_adopts_them_all(outs
     groups = [{"params": outside.parameters()}, {"params": inside.parameters(), "lr": 0.5}]
     groups = groups if outside_first else groups[::-1]
     late = torch.optim.SGD(groups, lr=0.1)  # created outside scope
-    assert all(p not in grad_sync._owner for p in outside.parameters())
+    assert all(grad_sync.owner_of(p) is None for p in outside.parameters())
 
     def step_fn():
         late.step()
@@ -317,8 +317,8 @@ def test_optimizer_over_synchronised_and_outside_parameters_adopts_them_all(outs
         strategy.run(step_fn)
     with strategy.scope():
         torch.optim.SGD(groups, lr=0.1)
-    sync = grad_sync.synchronizer_for(strategy.extended)
-    assert all(grad_sync._owner.get(p) is sync for p in outside.parameters())
+    sync = strategy.extended.gradient_synchronizer
+    assert all(grad_sync.owner_of(p) is sync for p in outside.parameters())
 
 
 def test_adopted_parameters_take_the_strategys_placement_in_place(monkeypatch):
@@ -327,7 +327,7 @@ def test_adopted_parameters_take_the_strategys_placement_in_place(monkeypatch):
     strategy = sj.CentralStorageStrategy(["cpu:0", "cpu:1"])
     monkeypatch.setattr(
         strategy.extended,
-        "_register_parameter",
+        "register_parameter",
         lambda p: nn.Parameter(p.detach().double(), requires_grad=p.requires_grad),
     )
     model = nn.Linear(2, 2)

@@ -112,10 +112,15 @@ def test_mirrored_facts() -> None:
     )
     assert strategy.extended.worker_devices == names
     assert strategy.extended.parameter_devices == names
-    assert strategy.extended._local_devices == (torch.device("cpu", 0), torch.device("cpu", 1))
+    assert strategy.extended.topology.local_devices == (
+        torch.device("cpu", 0),
+        torch.device("cpu", 1),
+    )
     assert strategy.cluster_resolver is None
-    assert strategy.extended._num_workers == 1 and strategy.extended._worker_index == 0
-    assert [strategy.extended._global_replica_id(i) for i in range(2)] == [0, 1]
+    assert (
+        strategy.extended.topology.num_workers == 1 and strategy.extended.topology.worker_index == 0
+    )
+    assert [strategy.extended.topology.global_replica_id(i) for i in range(2)] == [0, 1]
     worker = strategy.extended._input_workers()
     assert len(worker) == 1 and worker[0].device == torch.device("cpu", 0)
 

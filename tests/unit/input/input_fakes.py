@@ -1,6 +1,6 @@
 """Fake strategy internals for unit tests of the input layer's pure logic.
 
-``FakeExtended`` carries the topology hooks ``distribute_dataset`` reads and is its own
+``FakeExtended`` carries the ``topology`` ``distribute_dataset`` reads and is its own
 ``collectives`` (the agreements of a ``CollectiveBackend``). ``FakeCluster`` runs several fake
 workers in threads and makes ``any_has_data`` a real lock-step all-reduce among them, like the
 process-group backend of MultiWorkerMirroredStrategy.
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from strategyjob import _nest
+from strategyjob._devices import Topology
 from strategyjob._values import PerReplica
 
 
@@ -26,11 +27,11 @@ class FakeExtended:
         cluster: FakeCluster | None = None,
         num_replicas: int | None = None,
     ) -> None:
-        self._local_devices = tuple(torch.device("cpu") for _ in range(num_local))
-        self._num_workers = num_workers
-        self._worker_index = worker_index
-        self.num_replicas_in_sync = (
-            num_local * num_workers if num_replicas is None else num_replicas
+        self.topology = Topology(
+            local_devices=tuple(torch.device("cpu") for _ in range(num_local)),
+            num_workers=num_workers,
+            worker_index=worker_index,
+            num_replicas_in_sync=num_local * num_workers if num_replicas is None else num_replicas,
         )
         self._cluster = cluster
         self.counts_offered: list[int | None] = []  # step counts exchanged, one per pass
@@ -41,14 +42,11 @@ class FakeExtended:
     def collectives(self) -> FakeExtended:
         return self
 
-    def _global_replica_id(self, local_id: int) -> int:
-        return self._worker_index * len(self._local_devices) + local_id
-
     def any_has_data(self, flag: bool) -> bool:
         self.any_worker_calls.append(flag)
         if self._cluster is None:
             return flag
-        return self._cluster.any_has_data(self._worker_index, flag)
+        return self._cluster.any_has_data(self.topology.worker_index, flag)
 
     def least_count(self, count: int | None) -> int:
         """Single worker: 0 (agree at every step, as the real base strategy); in a cluster: the
@@ -56,7 +54,7 @@ class FakeExtended:
         self.counts_offered.append(count)
         if self._cluster is None:
             return 0
-        counts = self._cluster.gather(self._worker_index, -1 if count is None else count)
+        counts = self._cluster.gather(self.topology.worker_index, -1 if count is None else count)
         return max(min(counts), 0)
 
     def start_any_has_data(self, flag: bool) -> Callable[[], bool]:

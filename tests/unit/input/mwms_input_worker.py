@@ -38,7 +38,7 @@ def main() -> None:
     strategy = sj.MultiWorkerMirroredStrategy(
         communication_options=CommunicationOptions(timeout_seconds=60)
     )
-    result: dict = {"worker": strategy.extended._worker_index, "agreements": []}
+    result: dict = {"worker": strategy.extended.topology.worker_index, "agreements": []}
     extended = strategy.extended
     start_agreement = extended.collectives.start_any_has_data
 

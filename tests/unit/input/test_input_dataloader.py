@@ -42,7 +42,7 @@ def test_data_sharding_loads_only_each_workers_examples(shuffle: bool) -> None:
     datasets = [CountingDataset(14), CountingDataset(14)]
 
     def worker(extended: FakeExtended) -> list:
-        dataset = datasets[extended._worker_index]
+        dataset = datasets[extended.topology.worker_index]
         generator = torch.Generator().manual_seed(7)  # the same order on every worker
         loader = DataLoader(dataset, batch_size=8, shuffle=shuffle, generator=generator)
         distributed = distribute_dataset(loader, extended=extended)
@@ -64,7 +64,8 @@ def test_data_sharding_of_a_dataloader_matches_reading_everything() -> None:
     def run(make_loader) -> list:
         def worker(extended: FakeExtended) -> list:
             return steps_of(
-                distribute_dataset(make_loader(), extended=extended), len(extended._local_devices)
+                distribute_dataset(make_loader(), extended=extended),
+                len(extended.topology.local_devices),
             )
 
         return FakeCluster(2).run(2, worker)

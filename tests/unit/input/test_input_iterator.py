@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from input_fakes import FakeExtended, range_batches
@@ -142,7 +144,9 @@ def test_fetch_to_device_moves_to_the_replica_device() -> None:
         pass
 
     extended = OnMeta(2)
-    extended._local_devices = (torch.device("cpu"), torch.device("meta"))
+    extended.topology = replace(
+        extended.topology, local_devices=(torch.device("cpu"), torch.device("meta"))
+    )
     value = next(iter(distribute_dataset(range_batches(4, 4), extended=extended)))
     assert [v.device.type for v in value.values] == ["cpu", "meta"]
     host = InputOptions(experimental_fetch_to_device=False)
@@ -164,7 +168,9 @@ def test_worker_without_any_data_gets_a_clear_error() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fetch_to_device_moves_pinned_batches_to_cuda() -> None:
     extended = FakeExtended(2)
-    extended._local_devices = (torch.device("cuda", 0), torch.device("cpu"))
+    extended.topology = replace(
+        extended.topology, local_devices=(torch.device("cuda", 0), torch.device("cpu"))
+    )
     batch = torch.arange(4).pin_memory()
     value = next(iter(distribute_dataset([batch], extended=extended)))
     assert [v.device.type for v in value.values] == ["cuda", "cpu"]
