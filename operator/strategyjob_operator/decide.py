@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -88,6 +89,7 @@ from strategyjob_operator.plan import (
     timestamp,
 )
 from strategyjob_operator.replica_status import (
+    FinishedReplicas,
     finished_replicas,
     forget_finished,
     format_indexes,
@@ -187,6 +189,28 @@ def _undecidable(
     )
 
 
+@dataclass
+class _Pass:
+    """One decision pass: what every phase reads, the draft they write, and the soonest time
+    (seconds) a phase wants the job looked at again."""
+
+    job: jobspec.StrategyJob
+    replicas: Mapping[tuple[str, int], Replica]
+    now: datetime
+    lost_after: float
+    optional_types: tuple[str, ...]
+    draft: Draft
+    finished: FinishedReplicas
+    requeue: float | None = None
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.draft.status
+
+    def look_again_in(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+
 def _decide(
     job: jobspec.StrategyJob,
     generation: int,
@@ -196,12 +220,32 @@ def _decide(
     lost_after: float = DEFAULT_LOST_POD_SECONDS,
     optional_types: tuple[str, ...] = OPTIONAL_TYPES,
 ) -> Plan:
+    """The decision ladder: a finished job is cleaned up; otherwise each phase in turn either
+    returns the plan (it decided) or None (the next phase decides), and the last one keeps the
+    job's pods there and running."""
     conds: list[dict[str, Any]] = [dict(x) for x in status.get("conditions") or []]
     if cond.is_true(conds, c.SUCCEEDED) or cond.is_true(conds, c.FAILED):
         return decide_finished(job, status, replicas, now)
+    p = _open_pass(job, generation, status, conds, replicas, now, lost_after, optional_types)
+    for phase in (_suspend_or_start, _past_deadline, _succeeded, _failed, _pending_too_long):
+        plan = phase(p)
+        if plan is not None:
+            return plan
+    return _create_or_run(p)
 
-    ts = timestamp(now)
-    total = job.total_replicas
+
+def _open_pass(
+    job: jobspec.StrategyJob,
+    generation: int,
+    status: Mapping[str, Any],
+    conds: list[dict[str, Any]],
+    replicas: Mapping[tuple[str, int], Replica],
+    now: datetime,
+    lost_after: float,
+    optional_types: tuple[str, ...],
+) -> _Pass:
+    """The draft status every phase starts from: counters read back, the replicas' counts
+    and finished indices, and the Created condition on the first pass."""
     draft = Draft(job, dict(status), conds, now)
     st = draft.status
     st["observedGeneration"] = generation
@@ -211,12 +255,17 @@ def _decide(
     finished = finished_replicas(job, replicas, old_counts, st["launched"])
     st["replicaStatuses"] = replica_counts(job, replicas, old_counts, finished)
     if not cond.is_true(conds, c.CREATED):
-        msg = f"StrategyJob {job.name} ({job.strategy}, {total} replicas) is created."
+        msg = f"StrategyJob {job.name} ({job.strategy}, {job.total_replicas} replicas) is created."
         draft.set(c.CREATED, True, c.REASON_CREATED, msg)
         draft.event("Normal", c.REASON_CREATED, msg)
         draft.metrics.append("jobs_created")
+    return _Pass(job, replicas, now, lost_after, optional_types, draft, finished)
 
-    # Suspend: no pods; resume: recreate them with a fresh start time (how Kueue admits).
+
+def _suspend_or_start(p: _Pass) -> Plan | None:
+    """Suspend: no pods. Resume: recreate them with a fresh start time (how Kueue admits).
+    Otherwise the job's start time, set on its first pass."""
+    job, draft, st = p.job, p.draft, p.status
     if job.run_policy.suspend:
         if not cond.is_true(draft.conditions, c.SUSPENDED):
             msg = f"StrategyJob {job.name} is suspended; its pods are deleted."
@@ -230,66 +279,81 @@ def _decide(
             counts["active"] = counts["ready"] = 0
         draft.set(c.STALLED, False, c.REASON_SUSPENDED, f"StrategyJob {job.name} is suspended.")
         st.pop("stalledReasons", None)
-        live = tuple(sorted(r.name for r in replicas.values() if not r.terminating))
+        live = tuple(sorted(r.name for r in p.replicas.values() if not r.terminating))
         return draft.plan(Action.SUSPEND, delete_pods=live)
     if cond.is_true(draft.conditions, c.SUSPENDED):
         msg = f"StrategyJob {job.name} is resumed; its pods are recreated."
         draft.set(c.SUSPENDED, False, c.REASON_RESUMED, msg)
         draft.event("Normal", c.REASON_RESUMED, msg)
-        st["startTime"] = ts
-    started = parse_time(st.get("startTime"))
-    if started is None:  # not started yet, or a start time that cannot be read
-        st["startTime"], started = ts, now
+        st["startTime"] = timestamp(p.now)
+    if parse_time(st.get("startTime")) is None:  # not started yet, or unreadable
+        st["startTime"] = timestamp(p.now)
+    return None
 
-    # Deadline: enforced from the clock, not from whatever event happens to arrive.
-    deadline = job.run_policy.active_deadline_seconds
-    requeue = None
+
+def _past_deadline(p: _Pass) -> Plan | None:
+    """activeDeadlineSeconds, enforced from the clock, not from whatever event arrives."""
+    deadline = p.job.run_policy.active_deadline_seconds
+    started = parse_time(p.status.get("startTime")) or p.now
     due = add_seconds(started, deadline) if deadline is not None else None
-    if due is not None:  # None: no deadline, or one past the last date (never due)
-        requeue = (due - now).total_seconds()
-        if requeue <= 0:
-            msg = (
-                f"StrategyJob {job.name} ran longer than activeDeadlineSeconds={deadline}; "
-                "its running pods are stopped."
-            )
-            return draft.finish(
-                replicas, succeeded=False, reason=c.REASON_DEADLINE, message=msg, stop_active=True
-            )
+    if due is None:  # no deadline, or one past the last date (never due)
+        return None
+    left = (due - p.now).total_seconds()
+    if left > 0:
+        p.look_again_in(left)
+        return None
+    msg = (
+        f"StrategyJob {p.job.name} ran longer than activeDeadlineSeconds={deadline}; "
+        "its running pods are stopped."
+    )
+    return p.draft.finish(
+        p.replicas, succeeded=False, reason=c.REASON_DEADLINE, message=msg, stop_active=True
+    )
 
-    # Success: the chief (worker 0 without one), or every worker under AllWorkers; a
-    # replica that completed stays completed when its pod is deleted afterwards.
-    winners = jobspec.success_replicas(job)
-    if all(i in finished.completed.get(t, ()) for t, i in winners):
-        who = ", ".join(f"{t}-{i}" for t, i in winners[:3])
-        if len(winners) > 3:
-            who = f"all {len(winners)} workers"
-        msg = f"StrategyJob {job.name} succeeded: {who} completed."
-        return draft.finish(replicas, succeeded=True, reason=c.REASON_SUCCEEDED, message=msg)
 
-    # Failures, root cause first. An evaluator never fails the job nor uses its budget.
-    failures = find_failures(job, replicas, bool(st["launched"]), finished.keys(), now, lost_after)
-    evaluators = [f for f in failures if f.replica_type in optional_types]
-    failures = [f for f in failures if f.replica_type not in optional_types]
+def _succeeded(p: _Pass) -> Plan | None:
+    """The chief (worker 0 without one), or every worker under AllWorkers, completed; a
+    replica that completed stays completed when its pod is deleted afterwards."""
+    winners = jobspec.success_replicas(p.job)
+    if not all(i in p.finished.completed.get(t, ()) for t, i in winners):
+        return None
+    who = ", ".join(f"{t}-{i}" for t, i in winners[:3])
+    if len(winners) > 3:
+        who = f"all {len(winners)} workers"
+    msg = f"StrategyJob {p.job.name} succeeded: {who} completed."
+    return p.draft.finish(p.replicas, succeeded=True, reason=c.REASON_SUCCEEDED, message=msg)
+
+
+def _failed(p: _Pass) -> Plan | None:
+    """Failures, root cause first. An evaluator never fails the job nor uses its budget."""
+    launched = bool(p.status["launched"])
+    failures = find_failures(p.job, p.replicas, launched, p.finished.keys(), p.now, p.lost_after)
+    evaluators = [f for f in failures if f.replica_type in p.optional_types]
+    failures = [f for f in failures if f.replica_type not in p.optional_types]
     if failures:
-        return decide_failures(draft, failures, replicas, requeue)
+        return decide_failures(p.draft, failures, p.replicas, p.requeue)
     if evaluators:
-        plan = decide_evaluators(draft, evaluators, replicas, finished, requeue)
-        if plan is not None:
-            return plan
+        return decide_evaluators(p.draft, evaluators, p.replicas, p.finished, p.requeue)
+    return None
 
-    # Pods pending too long fail the job; stuck ones are named (once per cause) meanwhile.
+
+def _pending_too_long(p: _Pass) -> Plan | None:
+    """Pods Pending longer than pendingTimeoutSeconds fail the job; stuck ones are named
+    (once per cause) meanwhile, and a pod in phase Unknown is looked at again when the
+    lost-pod timeout fails its replica."""
+    job = p.job
     pending = [
         r
         for k in job.replicas()
-        if (r := replicas.get(k)) is not None and not r.terminating and r.phase == "Pending"
+        if (r := p.replicas.get(k)) is not None and not r.terminating and r.phase == "Pending"
     ]
     timeout = job.run_policy.pending_timeout_seconds
     if timeout is not None:
         for r in pending:
-            due = add_seconds(parse_time(r.created_at) or now, timeout)
+            due = add_seconds(parse_time(r.created_at) or p.now, timeout)
             if due is None:
                 continue
-            left = (due - now).total_seconds()
+            left = (due - p.now).total_seconds()
             if left <= 0:
                 why = f" ({stuck_cause(r)})" if r.stuck_reason else ""
                 msg = (
@@ -297,33 +361,37 @@ def _decide(
                     f"pendingTimeoutSeconds={timeout}{why}; its pods are stopped. Fix what "
                     "keeps it from starting and create the job again."
                 )
-                return draft.finish(
-                    replicas,
+                return p.draft.finish(
+                    p.replicas,
                     succeeded=False,
                     reason=c.REASON_PENDING_TIMEOUT,
                     message=msg,
                     stop_active=True,
                 )
-            requeue = left if requeue is None else min(requeue, left)
-    report_stalled(draft, [r for r in pending if r.stuck_reason])
-    # A pod in phase Unknown fails its replica once the lost-pod timeout has passed.
-    for r in replicas.values():
-        lost_left = lost_seconds_left(r, now, lost_after)
+            p.look_again_in(left)
+    report_stalled(p.draft, [r for r in pending if r.stuck_reason])
+    for r in p.replicas.values():
+        lost_left = lost_seconds_left(r, p.now, p.lost_after)
         if lost_left is not None and lost_left > 0:
-            requeue = lost_left if requeue is None else min(requeue, lost_left)
+            p.look_again_in(lost_left)
+    return None
 
-    # Create what is missing, but not while pods of the run before (a whole-job restart) are
-    # still terminating: a new replica would meet the old ones at the same names and ports.
-    done = finished.keys()
-    missing = tuple(k for k in job.replicas() if k not in replicas and k not in done)
-    terminating = any(r.terminating for r in replicas.values())
+
+def _create_or_run(p: _Pass) -> Plan:
+    """Create what is missing, but not while pods of the run before (a whole-job restart)
+    are still terminating: a new replica would meet the old ones at the same names and
+    ports. Running once every pod exists and one is ready."""
+    job, draft, st = p.job, p.draft, p.status
+    missing = tuple(k for k in job.replicas() if k not in p.replicas and k not in p.finished.keys())
+    terminating = any(r.terminating for r in p.replicas.values())
     action = Action.NONE
     if not st["launched"] and not terminating:
         if missing:
             action = Action.CREATE
         else:
             st["launched"] = True
-            draft.event("Normal", c.REASON_PODS_CREATED, f"All {total} pods of {job.name} exist.")
+            msg = f"All {job.total_replicas} pods of {job.name} exist."
+            draft.event("Normal", c.REASON_PODS_CREATED, msg)
     running = sum(v["ready"] for v in st["replicaStatuses"].values())
     if st["launched"] and running > 0 and not cond.is_true(draft.conditions, c.RUNNING):
         draft.set(c.RUNNING, True, c.REASON_RUNNING, f"StrategyJob {job.name} is running.")
@@ -331,6 +399,6 @@ def _decide(
     return draft.plan(
         action,
         create=missing if action is Action.CREATE else (),
-        requeue_after=requeue,
+        requeue_after=p.requeue,
         ensure_service=action is Action.CREATE,
     )
