@@ -13,6 +13,7 @@ import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from strategyjob import __version__
@@ -70,7 +71,31 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not show the live status line (it is shown only on a terminal anyway)",
     )
+    run.add_argument(
+        "--metrics",
+        metavar="FILE",
+        help=(
+            "when the job ends, write the history of the metrics it reported "
+            "(strategyjob.report) to FILE (JSON; print it with strategyjob metrics --file FILE)"
+        ),
+    )
     run.set_defaults(handler=_run)
+
+    metrics = commands.add_parser(
+        "metrics",
+        help="print the metric history a job reported",
+        description=(
+            "Print the history of the metrics a job reported with strategyjob.report, a row "
+            "per step and a column per metric: the file strategyjob run --metrics FILE wrote. "
+            "Each metric keeps at most 1000 points over the whole run (its newest steps one "
+            "by one, older ones evenly sampled)."
+        ),
+    )
+    metrics.add_argument(
+        "--file", required=True, metavar="FILE", help="a history written by strategyjob run"
+    )
+    metrics.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    metrics.set_defaults(handler=_metrics)
 
     convert = commands.add_parser(
         "convert",
@@ -169,9 +194,39 @@ def _run(args: argparse.Namespace) -> int:
     from strategyjob.launcher import RunOptions, run_file
 
     options = RunOptions(
-        grace_period=args.grace_period, live_status=False if args.no_status else None
+        grace_period=args.grace_period,
+        live_status=False if args.no_status else None,
+        metrics_file=args.metrics,
     )
     return run_file(args.manifest, options)
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    import csv
+
+    from strategyjob._history import MetricHistory
+    from strategyjob.client._format import metrics_rows, metrics_table
+
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except OSError as e:
+        print(f"strategyjob metrics: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    try:
+        series = MetricHistory.from_json(text).series()
+    except ValueError as e:
+        print(f"strategyjob metrics: {args.file}: {e}", file=sys.stderr)
+        return 2
+    if args.csv:
+        headers, rows = metrics_rows(series)
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow([h.lower() for h in headers])
+        writer.writerows([[row[0], *(repr(v) if v != "" else "" for v in row[1:])] for row in rows])
+    elif series:
+        print(metrics_table(series))
+    else:
+        print(f"No metric in {args.file}.", file=sys.stderr)
+    return 0
 
 
 def _client(args: argparse.Namespace) -> Any:

@@ -175,3 +175,24 @@ def status_report(
         ]
         parts.append(table(("CONDITION", "STATUS", "REASON", "AGE", "MESSAGE"), condition_rows))
     return "\n\n".join(parts)
+
+
+def metrics_rows(
+    series: Mapping[str, Sequence[tuple[int, float]]],
+) -> tuple[list[str], list[list[Any]]]:
+    """A metric history as a table: ``STEP`` then one column per metric, a row per step any
+    metric has (a metric without that step: an empty cell)."""
+    names = sorted(series)
+    by_step: dict[int, dict[str, float]] = {}
+    for name in names:
+        for step, value in series[name]:
+            by_step.setdefault(step, {})[name] = value
+    rows = [[step, *(by_step[step].get(n, "") for n in names)] for step in sorted(by_step)]
+    return ["STEP", *names], rows
+
+
+def metrics_table(series: Mapping[str, Sequence[tuple[int, float]]]) -> str:
+    """What ``strategyjob metrics`` prints: :func:`metrics_rows` aligned, values in ``%g``."""
+    headers, rows = metrics_rows(series)
+    shown = [[row[0], *(v if v == "" else f"{v:.6g}" for v in row[1:])] for row in rows]
+    return table(headers, shown)

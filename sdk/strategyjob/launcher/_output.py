@@ -7,6 +7,8 @@ import json
 import threading
 from typing import Any, TextIO
 
+from strategyjob._history import MetricHistory
+
 _CLEAR_LINE = "\r\x1b[K"
 
 
@@ -88,13 +90,15 @@ def format_report(record: dict[str, Any] | None) -> str:
 
 
 class ProgressFile:
-    """Reads the JSON lines the leader's ``strategyjob.report`` appends; keeps the last."""
+    """Reads the JSON lines the leader's ``strategyjob.report`` appends; keeps the last, and
+    every report's metrics in :attr:`history`."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._offset = 0
         self._partial = ""
         self.last: dict[str, Any] | None = None
+        self.history = MetricHistory()
 
     def poll(self) -> dict[str, Any] | None:
         try:
@@ -113,4 +117,8 @@ class ProgressFile:
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int):
                 self.last = record
+                if "points" in record:
+                    self.history.add_points(record["points"])
+                elif isinstance(record.get("metrics"), dict):  # a reporter without points
+                    self.history.add(record["step"], record["metrics"])
         return self.last

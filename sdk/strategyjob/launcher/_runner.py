@@ -74,11 +74,13 @@ class RunOptions:
     SIGKILL (None: the largest ``terminationGracePeriodSeconds`` of the job's pod
     templates, as the kubelet gives each pod its own, else 10). ``finish_timeout``: after
     success, how long the other chief/worker replicas may take to finish on their own
-    before they are stopped."""
+    before they are stopped. ``metrics_file``: where to write the history of the metrics
+    the job reported (``strategyjob.report``) when it ends (None: not kept)."""
 
     grace_period: float | None = None
     finish_timeout: float = 30.0
     live_status: bool | None = None  # None: when stdout is a TTY
+    metrics_file: str | Path | None = None
 
     def __post_init__(self) -> None:
         # A negative or NaN duration would be taken as 0 further down (SIGKILL at once), and
@@ -223,6 +225,7 @@ class _JobRun:
         try:
             return self._run()
         finally:
+            self._save_metrics()
             shutil.rmtree(self.progress_dir, ignore_errors=True)
 
     def _run(self) -> int:
@@ -407,6 +410,24 @@ class _JobRun:
         report = format_report(self.progress.poll())
         if report:
             self.say(f"  last progress report: {report}")
+
+    def _save_metrics(self) -> None:
+        """Write the job's metric history where ``--metrics`` asked, and say so."""
+        path = self.options.metrics_file
+        if path is None:
+            return
+        self.progress.poll()
+        history = self.progress.history
+        try:
+            Path(path).write_text(history.to_json() + "\n", encoding="utf-8")
+        except OSError as e:
+            self.say(f"could not write the metric history to {path}: {e.strerror or e}")
+            return
+        names = ", ".join(history.series()) or "no metric"
+        self.say(
+            f"metric history ({len(history)} points: {names}) in {path}; print it with "
+            f"strategyjob metrics --file {path}"
+        )
 
     def _check_interrupt(self) -> None:
         if self.interrupt is not None:
