@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -88,13 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
             "Print the history of the metrics a job reported with strategyjob.report, a row "
             "per step and a column per metric: the file strategyjob run --metrics FILE wrote. "
             "Each metric keeps at most 1000 points over the whole run (its newest steps one "
-            "by one, older ones evenly sampled)."
+            "by one, older ones evenly sampled). --plot draws them as curves."
         ),
     )
     metrics.add_argument(
         "--file", required=True, metavar="FILE", help="a history written by strategyjob run"
     )
-    metrics.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    shown = metrics.add_mutually_exclusive_group()
+    shown.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    shown.add_argument(
+        "--plot", action="store_true", help="draw each metric's curve instead of a table"
+    )
     metrics.set_defaults(handler=_metrics)
 
     convert = commands.add_parser(
@@ -205,6 +210,7 @@ def _metrics(args: argparse.Namespace) -> int:
     import csv
 
     from strategyjob._history import MetricHistory
+    from strategyjob.client._curves import curves
     from strategyjob.client._format import metrics_rows, metrics_table
 
     try:
@@ -222,6 +228,9 @@ def _metrics(args: argparse.Namespace) -> int:
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow([h.lower() for h in headers])
         writer.writerows([[row[0], *(repr(v) if v != "" else "" for v in row[1:])] for row in rows])
+    elif series and args.plot:
+        width = shutil.get_terminal_size().columns
+        print(curves(series, width=min(width, 120), height=8))
     elif series:
         print(metrics_table(series))
     else:

@@ -64,6 +64,12 @@ def test_every_report_of_the_leader_is_kept_and_printed(tmp_path):
     assert rows[3].split() == ["3", "0.333333"]
     assert rows[-1].split() == ["301", "0.75"]
 
+    plot = metrics_cli("--file", str(out), "--plot")
+    assert plot.returncode == 0, plot.stderr
+    assert "accuracy  last 0.75 at step 301" in plot.stdout
+    assert "loss  last 0.003333 at step 300" in plot.stdout
+    assert "█" in plot.stdout
+
 
 def test_a_file_that_is_not_a_history_is_refused_with_one_line(tmp_path):
     bad = tmp_path / "bad.json"
