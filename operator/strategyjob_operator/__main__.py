@@ -17,7 +17,7 @@ import kopf
 
 import strategyjob_operator  # noqa: F401  (registers the handlers)
 from strategyjob_operator import constants as c
-from strategyjob_operator import handlers
+from strategyjob_operator import handlers, settings
 from strategyjob_operator.flavor import ENV_SERVE_TFJOBS, TFJOB
 from strategyjob_operator.kube import Credentials
 
@@ -37,7 +37,7 @@ class StartupError(Exception):
 def startup_seconds(value: str) -> float:
     """``STRATEGYJOB_STARTUP_SECONDS``: how long to wait for the API server at startup."""
     try:
-        return handlers.positive_seconds(c.ENV_STARTUP_SECONDS, value, DEFAULT_STARTUP_SECONDS)
+        return settings.positive_seconds(c.ENV_STARTUP_SECONDS, value, DEFAULT_STARTUP_SECONDS)
     except ValueError as e:
         raise StartupError(str(e)) from None
 
@@ -167,7 +167,7 @@ def preflight() -> None:
             os.environ.get(c.ENV_STARTUP_SECONDS, f"{DEFAULT_STARTUP_SECONDS:g}")
         )
         try:
-            serve_tfjobs = handlers.serve_tfjobs_setting()
+            serve_tfjobs = settings.serve_tfjobs_setting()
         except ValueError:  # the operator's startup names the bad setting
             serve_tfjobs = False
         asyncio.run(check_cluster(cluster_credentials(), seconds, serve_tfjobs))

@@ -7,7 +7,7 @@ import pytest
 from strategyjob import jobspec
 from strategyjob_operator import children, gang
 from strategyjob_operator import constants as c
-from strategyjob_operator.handlers import settings_from_env
+from strategyjob_operator.settings import settings_from_env
 
 OWNER = {"apiVersion": "strategyjob.dev/v1alpha1", "kind": "StrategyJob", "name": "g", "uid": "u"}
 

@@ -17,7 +17,6 @@ from strategyjob_operator.decide import (
     force_deletions,
     overdue_terminating,
 )
-from strategyjob_operator.handlers import _lost_pod_seconds
 from strategyjob_operator.observe import (
     NODE_GONE,
     NODE_NOT_READY,
@@ -27,6 +26,7 @@ from strategyjob_operator.observe import (
     replica_from_pod,
     stamp_unknown,
 )
+from strategyjob_operator.settings import lost_pod_seconds
 
 from tests.support.manifests import job
 from tests.support.pods import NOW, launched, pod
@@ -165,7 +165,7 @@ def test_a_job_waits_for_terminating_pods_before_recreating_them() -> None:
 
 def test_the_setting_is_a_positive_number_of_seconds() -> None:
     assert DEFAULT_LOST_POD_SECONDS == 60
-    assert _lost_pod_seconds("2.5") == 2.5
+    assert lost_pod_seconds("2.5") == 2.5
     for bad in ("0", "-1", "1m", "inf", "nan"):
         with pytest.raises(ValueError, match=r"STRATEGYJOB_LOST_POD_SECONDS=.* e\.g\. 60"):
-            _lost_pod_seconds(bad)
+            lost_pod_seconds(bad)

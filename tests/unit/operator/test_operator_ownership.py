@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from strategyjob import jobspec
 from strategyjob_operator import constants as c
-from strategyjob_operator.handlers import _resync_seconds, jobs_to_wake
+from strategyjob_operator.handlers import jobs_to_wake
 from strategyjob_operator.kube import ApiError, KubeApi
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.observe import left_by_earlier_job, observe
@@ -22,6 +22,7 @@ from strategyjob_operator.reconcile import (
     Reconciler,
     status_patch,
 )
+from strategyjob_operator.settings import resync_seconds
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}
@@ -192,11 +193,11 @@ def test_a_suspended_job_is_not_resynced():
 
 
 def test_the_resync_setting_is_read_with_one_clear_line():
-    assert _resync_seconds("30") == 30.0 and _resync_seconds("0") is None
+    assert resync_seconds("30") == 30.0 and resync_seconds("0") is None
     assert DEFAULT_RESYNC_SECONDS == 60.0
     for bad in ("soon", "-1", "nan", "inf"):
         with pytest.raises(ValueError, match=r"is not a number of seconds: set it to e\.g\. 60"):
-            _resync_seconds(bad)
+            resync_seconds(bad)
 
 
 class RecordingKube(KubeApi):

@@ -10,7 +10,6 @@ import asyncio
 import pytest
 from strategyjob_operator import constants as c
 from strategyjob_operator.decide import Action, decide
-from strategyjob_operator.handlers import _grace_seconds
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.observe import Replica, observe, replica_from_pod
 from strategyjob_operator.reconcile import (
@@ -19,6 +18,7 @@ from strategyjob_operator.reconcile import (
     Reconciler,
     with_grace_period,
 )
+from strategyjob_operator.settings import grace_seconds
 
 from tests.support import manifests, pods
 from tests.support.fake_api import FakeApi
@@ -212,9 +212,9 @@ def test_pods_get_room_for_a_checkpoint_unless_their_template_says():
     untouched = {"spec": {}}
     with_grace_period(untouched, None)
     assert "terminationGracePeriodSeconds" not in untouched["spec"]
-    assert DEFAULT_TERMINATION_GRACE_SECONDS == 60 and _grace_seconds("90") == 90
+    assert DEFAULT_TERMINATION_GRACE_SECONDS == 60 and grace_seconds("90") == 90
     with pytest.raises(ValueError, match="is not a whole number of seconds: set it to"):
-        _grace_seconds("1m")
+        grace_seconds("1m")
 
 
 def test_the_reconciler_creates_pods_with_the_grace_period():

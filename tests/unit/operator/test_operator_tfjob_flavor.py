@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from strategyjob import jobspec
-from strategyjob_operator import handlers
+from strategyjob_operator import settings
 from strategyjob_operator.flavor import STRATEGYJOB, TFJOB, Loaded
 
 
@@ -69,25 +69,25 @@ def test_status_reads_as_tfjob_writes_it_and_back() -> None:
 
 def test_serve_tfjobs_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STRATEGYJOB_SERVE_TFJOBS", raising=False)
-    assert handlers.settings_from_env().serve_tfjobs is False
+    assert settings.settings_from_env().serve_tfjobs is False
     monkeypatch.setenv("STRATEGYJOB_SERVE_TFJOBS", "true")
-    assert handlers.settings_from_env().serve_tfjobs is True
+    assert settings.settings_from_env().serve_tfjobs is True
     monkeypatch.setenv("STRATEGYJOB_SERVE_TFJOBS", "maybe")
     with pytest.raises(ValueError, match="STRATEGYJOB_SERVE_TFJOBS='maybe' is not true or false"):
-        handlers.settings_from_env()
+        settings.settings_from_env()
 
 
 def test_cluster_domain_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     """training-operator's ``CUSTOM_CLUSTER_DOMAIN``, read as it names it; a value no address
     could end with stops the operator with one line."""
     monkeypatch.delenv("CUSTOM_CLUSTER_DOMAIN", raising=False)
-    assert handlers.settings_from_env().cluster_domain == ""
+    assert settings.settings_from_env().cluster_domain == ""
     monkeypatch.setenv("CUSTOM_CLUSTER_DOMAIN", "cluster.local")
-    assert handlers.settings_from_env().cluster_domain == "cluster.local"
+    assert settings.settings_from_env().cluster_domain == "cluster.local"
     for bad in (".cluster.local", "Cluster.Local", "cluster.local.", "a_b"):
         monkeypatch.setenv("CUSTOM_CLUSTER_DOMAIN", bad)
         with pytest.raises(ValueError, match=r"CUSTOM_CLUSTER_DOMAIN=.* is not a lowercase DNS"):
-            handlers.settings_from_env()
+            settings.settings_from_env()
     # a StrategyJob's addresses are its pods' own: the domain is a TFJob's alone
     manifest = {
         "apiVersion": "kubeflow.org/v1",
