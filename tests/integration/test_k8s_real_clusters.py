@@ -340,9 +340,15 @@ def test_an_orphaned_pod_holding_a_replicas_name_is_reported_until_it_goes(
     uid = job["metadata"]["uid"]
     service = kube.core.read_namespaced_service("orphan", ns)
     assert service.metadata.owner_references[0].uid == uid
-    events = [e for e in kube.events("orphan") if e.reason == NOT_CONTROLLED]
+
+    # A pass patches the status before it posts the pass's Events: wait for the Event too.
+    def both_events() -> list[Any] | None:
+        events = [e for e in kube.events("orphan") if e.reason == NOT_CONTROLLED]
+        said = {e.message for e in events}
+        return events if {first["message"], second["message"]} <= said else None
+
     # and one for any pass between the two, while kubectl deleted the objects kind by kind
-    assert {first["message"], second["message"]} <= {e.message for e in events}
+    events = wait_for("the Events of both conditions", both_events, timeout=30)
     assert all(e.type == "Warning" for e in events)
 
     for pod in kube.pods("orphan"):
