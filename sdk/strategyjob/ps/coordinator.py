@@ -447,10 +447,13 @@ class _Worker:
         with self._watch_lock:
             return list(self._running.values())
 
-    def take_out(self) -> list[_Running]:
-        """Take this worker out (its closure is stuck): the closures its threads wait for are
-        the caller's to put back or fail; their replies, if any come, are dropped."""
+    def take_out(self, stuck: _Running) -> list[_Running]:
+        """Take this worker out because ``stuck`` is: the closures its threads wait for are
+        the caller's to put back or fail; their replies, if any come, are dropped. Nothing
+        (an empty list) when ``stuck`` has ended meanwhile: the worker stays in."""
         with self._watch_lock:
+            if not any(running is stuck for running in self._running.values()):
+                return []
             taken = list(self._running.values())
             self._taken_out.update(self._running)
             self._running.clear()
@@ -870,8 +873,8 @@ class ClusterCoordinator:
     ) -> None:
         """Take ``worker`` out: its closures go back to the queue for the others; with no
         other worker left, the stuck one fails the job (``join`` raises)."""
-        taken = worker.take_out()
-        if not any(running is stuck_run for running in taken):  # it ended meanwhile
+        taken = worker.take_out(stuck_run)
+        if not taken:  # it ended meanwhile: the worker and its closures stay as they are
             return
         function = stuck_run.closure.function.name
         if all(w.taken_out for w in self._workers):

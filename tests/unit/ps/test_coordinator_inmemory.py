@@ -428,3 +428,26 @@ def test_a_bad_stuck_peer_setting_is_refused_when_the_coordinator_is_made(
     cluster = make_cluster(1, 1)
     with pytest.raises(ValueError, match="STRATEGYJOB_STUCK_PEER_SECONDS='soon' is not a posit"):
         cluster.start()
+
+
+def test_a_stuck_verdict_on_a_closure_that_ended_meanwhile_takes_nothing_out(make_cluster):
+    """The watch judged a closure stuck, but it ended and the worker's next closure started
+    before the take-out: the worker stays in and its new closure is neither lost nor re-run."""
+    from strategyjob.ps._closure_watch import Bound
+    from strategyjob.ps.coordinator import _Running
+
+    cluster = make_cluster(1, 1)
+    coordinator = cluster.start()
+    gate = _gate("next")
+    result = coordinator.schedule(_wait_for_gate, args=("next",))
+    worker = coordinator._workers[0]
+    _poll(lambda: bool(worker.running()), "the closure running on the worker")
+    current = worker.running()[0]
+    ended = _Running(current.closure, 0.0, 10.0)  # the verdict's closure: no longer running
+    coordinator._take_out(worker, ended, 5.0, Bound(4.0, "a test bound"))
+    assert not worker.taken_out
+    assert worker.running() == [current]
+    gate.set()
+    coordinator.join()
+    assert result.fetch() == 0
+    assert len(cluster.steps_on(0)) == 1  # ran once, not put back
