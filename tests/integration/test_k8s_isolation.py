@@ -48,6 +48,9 @@ def test_a_job_naming_another_jobs_token_is_refused(kube, operator, containers):
         "the victim's token Secret",
         lambda: exists(kube.core.read_namespaced_secret, token_secret, kube.ns),
     )
+    # the Secret comes before the pods in a pass: wait for the pod too, so that the check
+    # below, after the thief is refused, compares like with like
+    wait_for("the victim's pod", lambda: list(kube.pods("victim")) == ["victim-worker-0"])
 
     thief = manifest("thief", "MultiWorkerMirroredStrategy", {"worker": 2})
     stolen = [
@@ -84,6 +87,7 @@ def test_a_job_running_as_another_jobs_service_account_is_failed_and_gets_no_pod
         "the victim's ServiceAccount",
         lambda: exists(kube.core.read_namespaced_service_account, account, kube.ns),
     )
+    wait_for("the victim's pod", lambda: list(kube.pods("victim")) == ["victim-worker-0"])
 
     thief = manifest("thief", "MultiWorkerMirroredStrategy", {"worker": 2})
     thief["spec"]["replicaSpecs"]["worker"]["template"]["spec"][field] = account
