@@ -21,6 +21,7 @@ process uses the gRPC one, configured by its ``Server``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 import grpc
@@ -93,6 +94,12 @@ class PSTransport(Protocol):
     @property
     def num_workers(self) -> int: ...
 
+    def workers(self) -> dict[int, str]:
+        """The workers in the cluster now: index -> address (its identity: a task whose address
+        changes is a new worker). The coordinator polls it a few times a second to follow a
+        resize, so it must be cheap; a transport whose workers are fixed returns the same."""
+        ...
+
     def run_ps_ops(self, task: int, ops: list[Op], *, wait: bool = False) -> list[torch.Tensor]:
         """Run ``ops`` on ps ``task`` in one request; the tensors they return, in order.
         ``wait``: the ps may not be up yet (the cluster is starting), wait for it a while.
@@ -121,6 +128,11 @@ class GrpcTransport:
         uses those configured already (by ``Server`` on a worker)."""
         if cluster is not None:
             _transport.configure(cluster)
+        # This transport's workers (a resize changes them here, not in the process-wide
+        # addresses, which another strategy's coordinator in this process may still follow).
+        self._workers: dict[int, str] | None = (
+            None if cluster is None else dict(enumerate(cluster.get("worker", ())))
+        )
 
     @property
     def num_ps(self) -> int:
@@ -128,13 +140,27 @@ class GrpcTransport:
 
     @property
     def num_workers(self) -> int:
-        return _transport.num_tasks("worker")
+        return len(self.workers())
+
+    def workers(self) -> dict[int, str]:
+        if self._workers is None:  # a worker's process: the addresses its Server configured
+            count = _transport.num_tasks("worker")
+            return {i: _transport.address("worker", i) for i in range(count)}
+        return dict(self._workers)
+
+    def set_workers(self, workers: Mapping[int, str]) -> None:
+        """Resize: the workers are now ``workers`` (index -> host:port, sparse indices
+        allowed); the coordinator follows within a second (``refresh_workers``)."""
+        self._workers = dict(workers)
 
     def run_ps_ops(self, task: int, ops: list[Op], *, wait: bool = False) -> list[torch.Tensor]:
         return _transport.run_ps_ops(task, ops, wait=wait)
 
     def worker(self, index: int) -> GrpcWorkerClient:
-        return GrpcWorkerClient(index, _transport.address("worker", index))
+        address = self.workers().get(index)
+        if address is None:
+            raise ValueError(f"No worker {index}: the cluster's workers are {self.workers()}")
+        return GrpcWorkerClient(index, address)
 
     def close(self) -> None:
         _transport.close_channels()

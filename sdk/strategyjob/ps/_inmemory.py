@@ -6,7 +6,8 @@ and errors as a ps process) and the workers the servers' own closure runners
 same encoded requests as over gRPC, without sockets, threads of their own or subprocesses.
 Tests make a worker or a ps unavailable (``set_worker_available``, ``lose_worker_on_next``,
 ``set_ps_available``) or restart a worker (``restart_worker``); the coordinator then sees the
-same ``UnavailableError`` the gRPC transport raises.
+same ``UnavailableError`` the gRPC transport raises. They resize it too (``add_worker``,
+``remove_worker``): the membership the coordinator follows (``workers()``) changes.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ class InMemoryTransport:
         self._cond = threading.Condition()
         self._ps = [_server._Store(_ps_name(i)) for i in range(num_ps)]
         self._ps_up = [True] * num_ps
-        self._workers = [_Worker(i) for i in range(num_workers)]
+        # The worker processes (a removed one may still run, as a terminating pod does) and
+        # those in the cluster's membership.
+        self._workers = {i: _Worker(i) for i in range(num_workers)}
+        self._members = set(self._workers)
         self.closures: list[tuple[int, str]] = []
         self.resources: list[tuple[int, int]] = []
         self._closed = False
@@ -65,7 +69,12 @@ class InMemoryTransport:
 
     @property
     def num_workers(self) -> int:
-        return len(self._workers)
+        with self._cond:
+            return len(self._members)
+
+    def workers(self) -> dict[int, str]:
+        with self._cond:
+            return {i: f"in-memory:{i}" for i in sorted(self._members)}
 
     # -- PSTransport ---------------------------------------------------------------------------
     def run_ps_ops(self, task: int, ops: list[Op], *, wait: bool = False) -> list[torch.Tensor]:
@@ -89,16 +98,37 @@ class InMemoryTransport:
         return _transport.decode_results(reply)
 
     def worker(self, index: int) -> _WorkerClient:
-        if not 0 <= index < len(self._workers):
-            raise ValueError(f"No worker {index}: the cluster has {len(self._workers)}")
+        with self._cond:
+            if index not in self._members:
+                raise ValueError(f"No worker {index}: the cluster has {sorted(self._members)}")
         return _WorkerClient(self, index)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            for worker in self._workers:
+            for worker in self._workers.values():
                 worker.available = False
             self._cond.notify_all()
+
+    # -- resizing ------------------------------------------------------------------------------
+    def add_worker(self, index: int) -> None:
+        """Worker ``index`` joins the cluster: a new process (unless one still runs there from
+        before its removal, which then serves again, its state kept)."""
+        with self._cond:
+            if index in self._members:
+                raise ValueError(f"Worker {index} is already in the cluster")
+            if index not in self._workers or not self._workers[index].available:
+                self._workers[index] = _Worker(index)
+            self._members.add(index)
+            self._cond.notify_all()
+
+    def remove_worker(self, index: int) -> None:
+        """Worker ``index`` leaves the cluster's membership; its process keeps serving (a
+        terminating pod finishing its closure) until ``set_worker_available(index, False)``."""
+        with self._cond:
+            if index not in self._members:
+                raise ValueError(f"Worker {index} is not in the cluster")
+            self._members.discard(index)
 
     # -- faults --------------------------------------------------------------------------------
     def set_worker_available(self, index: int, available: bool) -> None:

@@ -43,7 +43,7 @@ import torch
 
 from strategyjob import _names, _nest, errors
 from strategyjob.collective import stuck, waiting
-from strategyjob.ps import _closure_watch, _cluster, _remote
+from strategyjob.ps import _closure_watch, _cluster, _membership, _remote
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._wire import dumps, loads
 
@@ -145,8 +145,12 @@ class PerWorkerValues:
     def values(self) -> tuple:
         return self._values
 
+    def _component(self, worker_index: int) -> Any:
+        """What a function scheduled on worker ``worker_index`` receives."""
+        return self._values[worker_index]
+
     def __repr__(self) -> str:
-        return f"PerWorkerValues({self._values!r})"
+        return f"PerWorkerValues({self.values!r})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,11 +178,22 @@ class _Resource:
 
 
 class _PerWorkerResource(PerWorkerValues):
+    """A resource built on every worker, those that join later included (before they take a
+    closure): its ``values`` follow the coordinator's current workers."""
+
     def __init__(self, coordinator: ClusterCoordinator, creator: Callable[[], Any]) -> None:
         self._coordinator = coordinator
         resource = coordinator._add_resource(creator)
-        super().__init__(_ResourceRef(resource.id) for _ in range(coordinator._num_workers))
+        super().__init__(())
         self._resource_id = resource.id
+
+    @property
+    def values(self) -> tuple:
+        ref = _ResourceRef(self._resource_id)
+        return tuple(ref for _ in self._coordinator.worker_indices())
+
+    def _component(self, worker_index: int) -> Any:
+        return _ResourceRef(self._resource_id)
 
 
 def _make_iterator(dataset: Any) -> Iterator[Any]:
@@ -229,7 +244,7 @@ class _Closure:
     def payload(self, worker_index: int) -> tuple[bytes, list]:
         def hook(obj: Any) -> Any:
             if isinstance(obj, PerWorkerValues):
-                component = obj.values[worker_index]
+                component = obj._component(worker_index)
                 if isinstance(component, _ResourceRef):
                     return ("resource", component.resource_id)
                 if isinstance(component, RemoteValue):
@@ -434,7 +449,13 @@ class _Worker:
         return self._client.traffic
 
     def stop(self) -> None:
+        """Take no new closure (it left the cluster, or the coordinator shuts down); a closure
+        in flight still ends: its result is used, or it is put back if the worker is lost."""
         self._stop.set()
+
+    def alive(self) -> bool:
+        """Whether a thread of it still runs (a closure in flight after ``stop``)."""
+        return any(thread.is_alive() for thread in self._threads)
 
     @property
     def taken_out(self) -> bool:
@@ -523,6 +544,9 @@ class _Worker:
                 closure = self._queue.get(timeout=0.5)
                 if closure is None:
                     continue
+                if self._stop.is_set():  # it left the cluster while waiting for this closure
+                    self._queue.put_back(closure)
+                    break
                 try:
                     self._process(closure)
                 except BaseException as exc:
@@ -646,7 +670,13 @@ class _Worker:
             with self._setup_lock:
                 if self._down.is_set():
                     self._connect(time.monotonic() + RECONNECT_TIMEOUT_S)
+                    if self._stop.is_set():
+                        return
+                    with contextlib.suppress(ClosureInputError):  # failed with a closure, later
+                        self._ensure_resources()  # before it takes a closure (a new worker)
                     self._down.clear()
+        except _WorkerFailure:
+            pass  # lost again while building its resources: still down, wait again
         except errors.UnavailableError:
             log.error("Worker %s did not come back within %s s.", self.name, RECONNECT_TIMEOUT_S)
             self._stop.set()
@@ -757,9 +787,13 @@ class ClusterCoordinator:
         )
         self._history = _closure_watch.History()
         self._watch_stop = threading.Event()
-        transport = extended.transport
-        self._num_workers = transport.num_workers
-        self._workers = [_Worker(self, i, transport.worker(i)) for i in range(self._num_workers)]
+        # The workers it schedules onto (replaced whole on a resize, so that readers need no
+        # lock) and those that left with a closure still in flight.
+        self._membership_lock = threading.Lock()
+        self._members: dict[int, str] = {}
+        self._workers: dict[int, _Worker] = {}
+        self._leaving: list[_Worker] = []
+        self.refresh_workers()
         threading.Thread(
             target=_watch,
             args=(weakref.ref(self), self._watch_stop),
@@ -773,6 +807,43 @@ class ClusterCoordinator:
     @property
     def strategy(self) -> Any:
         return self._strategy
+
+    def worker_indices(self) -> tuple[int, ...]:
+        """The indices of the workers closures are scheduled onto now (a strategyjob addition:
+        they change while the job is resized)."""
+        return tuple(self._workers)
+
+    def refresh_workers(self) -> _membership.Change:
+        """Follow the transport's membership (``PSTransport.workers``): a worker that joined
+        gets its threads (it connects, builds its per-worker resources, then takes closures),
+        one that left takes no new closure (the one in flight ends there, or is put back if the
+        worker is lost first). The coordinator calls it every ``WATCH_TICK``; a strategyjob
+        addition, public so that a caller that just resized need not wait for the tick."""
+        transport = self._extended.transport
+        with self._membership_lock:
+            members = transport.workers()
+            change = _membership.change(self._members, members)
+            if not change:
+                return change
+            initial = not self._members
+            workers = dict(self._workers)
+            for index in change.removed:
+                leaving = workers.pop(index)
+                leaving.stop()
+                self._leaving.append(leaving)
+            for index in change.added:
+                workers[index] = _Worker(self, index, transport.worker(index))
+            self._workers = dict(sorted(workers.items()))
+            self._members = dict(members)
+        if not initial:
+            _say(_membership_line(change, tuple(self._workers)))
+        return change
+
+    def _all_workers(self) -> list[_Worker]:
+        """Current workers and those that left with a closure still in flight."""
+        with self._membership_lock:
+            self._leaving = [w for w in self._leaving if w.alive()]
+            return [*self._workers.values(), *self._leaving]
 
     def _add_resource(self, creator: Callable[[], Any]) -> _Resource:
         with self._resources_lock:
@@ -877,7 +948,7 @@ class ClusterCoordinator:
         if not taken:  # it ended meanwhile: the worker and its closures stay as they are
             return
         function = stuck_run.closure.function.name
-        if all(w.taken_out for w in self._workers):
+        if all(w.taken_out for w in self._workers.values()):
             error = errors.DeadlineExceededError(
                 _closure_watch.stuck_message(function, worker.name, seconds, limit)
             )
@@ -896,12 +967,13 @@ class ClusterCoordinator:
         watch_stop = getattr(self, "_watch_stop", None)
         if watch_stop is not None:
             watch_stop.set()
-        for worker in getattr(self, "_workers", ()):
+        workers = self._all_workers() if hasattr(self, "_leaving") else []
+        for worker in workers:
             worker.stop()
         queue = getattr(self, "_queue", None)
         if queue is not None:
             queue.stop()
-        for worker in getattr(self, "_workers", ()):
+        for worker in workers:
             if worker.taken_out:  # a thread waits for a stuck closure: not worth waiting for
                 continue
             for thread in worker._threads:
@@ -923,9 +995,24 @@ def _watch(ref: weakref.ref[ClusterCoordinator], stop: threading.Event) -> None:
         coordinator = ref()
         if coordinator is None:
             return
-        for worker in coordinator._workers:
+        try:
+            coordinator.refresh_workers()
+        except Exception as exc:  # (a transport's membership source failing): try next tick
+            log.warning("Could not refresh the workers' membership: %s", exc)
+        for worker in coordinator._all_workers():
             coordinator._check(worker, time.monotonic())
         del coordinator
+
+
+def _membership_line(change: _membership.Change, now: tuple[int, ...]) -> str:
+    """What a resize did, for the job's log."""
+    parts = []
+    if change.added:
+        parts.append("joined: " + ", ".join(_cluster.worker_name(i) for i in change.added))
+    if change.removed:
+        parts.append("left: " + ", ".join(_cluster.worker_name(i) for i in change.removed))
+    indices = ", ".join(map(str, now)) or "none"
+    return f"workers resized ({'; '.join(parts)}); now {len(now)} (tasks {indices})"
 
 
 @atexit.register

@@ -451,3 +451,114 @@ def test_a_stuck_verdict_on_a_closure_that_ended_meanwhile_takes_nothing_out(mak
     coordinator.join()
     assert result.fetch() == 0
     assert len(cluster.steps_on(0)) == 1  # ran once, not put back
+
+
+# ---------------------------------------------------------------------------------------------
+# resizing: workers join and leave while the coordinator runs
+
+
+def _counted_step(v: Any, iterator: Any) -> tuple[int, int]:
+    position = next(iterator)
+    v.assign_add(torch.ones(()))
+    return get_current_worker_index(), position
+
+
+def _add_one_after_gate(v: Any, name: str) -> int:
+    _wait_for_gate(name)
+    return _add_one(v)
+
+
+def _resize(cluster: Cluster, size: int) -> None:
+    """Workers 0..size-1 in the cluster: the others leave (the process of worker 1 stays up,
+    idle, as a terminating pod may; the others' end), new ones join."""
+    transport = cluster.transport
+    members = set(transport.workers())
+    for index in sorted(members - set(range(size))):
+        transport.remove_worker(index)
+        transport.set_worker_available(index, index == 1)
+    for index in sorted(set(range(size)) - members):
+        transport.add_worker(index)
+    assert cluster.coordinator is not None
+    coordinator = cluster.coordinator
+    _poll(lambda: coordinator.worker_indices() == tuple(range(size)), f"{size} workers")
+
+
+def test_workers_join_and_leave_2_4_1_3_and_every_step_is_applied_once(make_cluster):
+    cluster = make_cluster(2, 1)
+    transport = cluster.transport
+    coordinator = cluster.start()
+    iterator = iter(coordinator.create_per_worker_dataset(lambda: iter(range(10**6))))
+    first_worker_0 = coordinator._workers[0]
+    scheduled, counts = 0, []
+    for size in (2, 4, 1, 3):
+        _resize(cluster, size)
+        assert len(iterator.values) == size  # a PerWorkerValues component per worker now
+        ran_on: set[int] = set()
+        deadline = time.monotonic() + DEADLINE
+        while ran_on != set(range(size)):  # until every worker of this size took closures
+            assert time.monotonic() < deadline, f"workers {set(range(size)) - ran_on} got none"
+            results = [
+                coordinator.schedule(_counted_step, args=(cluster.v, iterator))
+                for _ in range(3 * size)
+            ]
+            coordinator.join()
+            scheduled += len(results)
+            ran_on |= {worker for worker, _ in (r.fetch() for r in results)}
+            assert ran_on <= set(range(size))  # a worker that left took no closure
+            counts.append(int(cluster.v.read_value().item()))
+    assert counts == sorted(set(counts))  # the step counter strictly increases
+    assert counts[-1] == scheduled == len(transport.closures)  # each step run and applied once
+    # The worker that stayed throughout kept its connection and its dataset and iterator.
+    assert coordinator._workers[0] is first_worker_0
+    assert [resource for worker, resource in transport.resources if worker == 0] == [0, 1]
+    # The workers that joined again got their resources built again (worker 1's process
+    # stayed up, yet a worker that joins is not trusted to hold what it had).
+    assert [resource for worker, resource in transport.resources if worker == 1] == [0, 1] * 2
+
+
+def test_a_worker_that_joins_takes_a_waiting_closure_within_a_second(make_cluster):
+    cluster = make_cluster(1, 1)
+    coordinator = cluster.start()
+    iterator = iter(coordinator.create_per_worker_dataset(lambda: iter(range(100))))
+    gate = _gate("busy")
+    busy = coordinator.schedule(_wait_for_gate, args=("busy",))  # worker 0 is busy
+    waiting = coordinator.schedule(_counted_step, args=(cluster.v, iterator))
+    _poll(lambda: bool(coordinator._workers[0].running()), "worker 0 to be busy")
+    joined = time.monotonic()
+    cluster.transport.add_worker(1)
+    assert waiting.fetch() == (1, 0)  # on the new worker, from its own new iterator
+    took = time.monotonic() - joined
+    assert took < 1.5, f"the new worker took the closure {took:.2f} s after joining"
+    gate.set()
+    coordinator.join()
+    assert busy.fetch() == 0
+
+
+@pytest.mark.parametrize(
+    ("goes_away", "ran_on", "attempts_on_leaving"),
+    [(False, 0, 1), (True, 1, 1)],
+    ids=["finishes-its-closure-result-used", "lost-first-closure-rerun-elsewhere-once"],
+)
+def test_a_leaving_workers_closure_in_flight_ends_there_or_runs_elsewhere_once(
+    make_cluster, goes_away, ran_on, attempts_on_leaving
+):
+    cluster = make_cluster(1, 1)
+    transport = cluster.transport
+    coordinator = cluster.start()
+    gate = _gate("leaving")
+    if goes_away:  # it runs the closure (updates applied), then its process ends, no reply
+        transport.lose_worker_on_next(0, after_running=True)
+    in_flight = coordinator.schedule(_add_one_after_gate, args=(cluster.v, "leaving"))
+    _poll(lambda: bool(coordinator._workers[0].running()), "worker 0 to run the closure")
+    transport.add_worker(1)
+    transport.remove_worker(0)
+    _poll(lambda: coordinator.worker_indices() == (1,), "worker 0 to leave")
+    later = [coordinator.schedule(_add_one, args=(cluster.v,)) for _ in range(3)]
+    _poll(lambda: len(cluster.steps_on(1)) == 3, "worker 1 to run the later closures")
+    gate.set()
+    coordinator.join()
+    assert in_flight.fetch() == ran_on
+    assert [r.fetch() for r in later] == [1, 1, 1]
+    assert cluster.v.read_value().item() == 4  # the retried step's update applied once
+    assert len(cluster.steps_on(0)) == attempts_on_leaving  # it took nothing after leaving
+    _poll(lambda: len(coordinator._all_workers()) == 1, "the leaving worker's threads to end")

@@ -1,0 +1,34 @@
+"""Which workers a ``ClusterCoordinator`` schedules onto, as a job is resized while it trains.
+
+A membership is ``{worker index: address}`` (TensorFlow's sparse ``ClusterSpec`` form, so that
+removing worker 1 of 0..3 keeps 0, 2 and 3 where they are). ``change`` decides, from the
+membership the coordinator runs with and the one its transport now reports, which workers join
+and which leave; the coordinator does the I/O (threads, connections). A task whose address
+changed is a different worker (its process and state are elsewhere): it leaves and joins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["Change", "change"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """Worker indices that join (``added``) and leave (``removed``), each ascending."""
+
+    added: tuple[int, ...] = ()
+    removed: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
+
+def change(old: Mapping[int, str], new: Mapping[int, str]) -> Change:
+    """What turns membership ``old`` into ``new``."""
+    return Change(
+        added=tuple(sorted(i for i, a in new.items() if old.get(i) != a)),
+        removed=tuple(sorted(i for i, a in old.items() if new.get(i) != a)),
+    )
