@@ -50,6 +50,9 @@ ENV_TOKEN = "STRATEGYJOB_TOKEN"
 #: On Kubernetes: the cluster part of TF_CONFIG, read from the job's ConfigMap; TF_CONFIG's
 #: value in the pod spec refers to it as ``$(STRATEGYJOB_CLUSTER_SPEC)``.
 ENV_CLUSTER_SPEC = "STRATEGYJOB_CLUSTER_SPEC"
+#: The chief of a ParameterServerStrategy job follows this file's ``worker`` addresses (a JSON
+#: like TF_CONFIG's ``cluster``), re-read when it changes: the job's resizes.
+ENV_CLUSTER_FILE = "STRATEGYJOB_CLUSTER_FILE"
 #: Under ``strategyjob run``: the file the leader's ``strategyjob.report`` appends to.
 ENV_PROGRESS_FILE = "STRATEGYJOB_PROGRESS_FILE"
 #: Seconds between two progress writes of ``strategyjob.report``.

@@ -29,7 +29,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from strategyjob import errors
-from strategyjob.ps import _transport
+from strategyjob.ps import _cluster_file, _transport
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._transport import Op
 
@@ -97,7 +97,8 @@ class PSTransport(Protocol):
     def workers(self) -> dict[int, str]:
         """The workers in the cluster now: index -> address (its identity: a task whose address
         changes is a new worker). The coordinator polls it a few times a second to follow a
-        resize, so it must be cheap; a transport whose workers are fixed returns the same."""
+        resize, so it must be cheap; a transport whose workers are fixed returns the same.
+        ``GrpcTransport`` on the chief follows ``STRATEGYJOB_CLUSTER_FILE`` when it is set."""
         ...
 
     def run_ps_ops(self, task: int, ops: list[Op], *, wait: bool = False) -> list[torch.Tensor]:
@@ -133,6 +134,8 @@ class GrpcTransport:
         self._workers: dict[int, str] | None = (
             None if cluster is None else dict(enumerate(cluster.get("worker", ())))
         )
+        # On the chief (a cluster given), the resizes a ``STRATEGYJOB_CLUSTER_FILE`` says.
+        self._file = None if cluster is None else _cluster_file.from_env()
 
     @property
     def num_ps(self) -> int:
@@ -143,6 +146,10 @@ class GrpcTransport:
         return len(self.workers())
 
     def workers(self) -> dict[int, str]:
+        if self._file is not None:
+            resized = self._file.poll()
+            if resized is not None:
+                self._workers = resized
         if self._workers is None:  # a worker's process: the addresses its Server configured
             count = _transport.num_tasks("worker")
             return {i: _transport.address("worker", i) for i in range(count)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Change", "change"]
+__all__ = ["Change", "change", "workers_of"]
 
 
 @dataclass(frozen=True)
@@ -32,3 +32,34 @@ def change(old: Mapping[int, str], new: Mapping[int, str]) -> Change:
         added=tuple(sorted(i for i, a in new.items() if old.get(i) != a)),
         removed=tuple(sorted(i for i, a in old.items() if new.get(i) != a)),
     )
+
+
+def workers_of(cluster: object) -> dict[int, str]:
+    """The ``worker`` tasks of ``cluster`` (TF_CONFIG's ``cluster`` object: a list of addresses,
+    or ``{index: address}`` for sparse indices); ``ValueError`` saying what is wrong."""
+    if not isinstance(cluster, dict):
+        raise ValueError(f"expected a JSON object like TF_CONFIG's 'cluster', got {cluster!r}")
+    tasks = cluster.get("worker")
+    if isinstance(tasks, list):
+        indexed: dict[object, object] = dict(enumerate(tasks))
+    elif isinstance(tasks, dict):
+        indexed = dict(tasks)
+    else:
+        raise ValueError(
+            "its 'worker' must be a list of host:port or an object {index: host:port}, got "
+            f"{tasks!r}"
+        )
+    workers: dict[int, str] = {}
+    for index, address in indexed.items():
+        try:
+            number = int(str(index))
+        except ValueError:
+            number = -1
+        if number < 0:
+            raise ValueError(f"worker index {index!r} is not a non-negative integer")
+        if not isinstance(address, str) or ":" not in address:
+            raise ValueError(f"worker {number}'s address {address!r} is not host:port")
+        workers[number] = address
+    if not workers:
+        raise ValueError("it names no worker (a job keeps at least one)")
+    return workers
