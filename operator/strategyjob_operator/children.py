@@ -22,7 +22,7 @@ from typing import Any
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
-from strategyjob_operator import flavor, gang
+from strategyjob_operator import flavor, gang, scaling
 
 
 def owner_reference(job_obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,10 +119,51 @@ def cluster_config_map_name(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | Non
     keep theirs (as under training-operator): each cluster has its own, immutable
     ConfigMap, ``<job>-strategyjob-cluster-<hash>``."""
     name = jobspec.cluster_config_map_name(job.name)
-    if tfjob is None:
+    if tfjob is not None:
+        cluster = jobspec.tfjob_cluster_spec(tfjob)
+    elif scaling.resizable(job, tfjob):  # its workers' count changes too (kubectl scale)
+        cluster = jobspec.cluster_spec(jobspec.cluster_for_kubernetes(job))
+    else:
         return name
-    digest = hashlib.sha256(jobspec.tfjob_cluster_spec(tfjob).encode()).hexdigest()
+    digest = hashlib.sha256(cluster.encode()).hexdigest()
     return f"{name}-{digest[:10]}"
+
+
+def members_config_map_name(job: jobspec.StrategyJob) -> str:
+    """``<job>-strategyjob-members``: the workers a resizable job's chief follows
+    (:mod:`.scaling`)."""
+    return f"{job.name}-strategyjob-members"
+
+
+def build_members_config_map(
+    job: jobspec.StrategyJob, owner: Mapping[str, Any], members: scaling.Members
+) -> dict[str, Any]:
+    """The members ConfigMap, mounted in the chief: unlike the cluster ConfigMap it changes
+    as the job is resized (the kubelet refreshes the chief's copy)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, members_config_map_name(job), owner),
+        "data": scaling.members_data(job, members),
+    }
+
+
+def _with_members_file(
+    job: jobspec.StrategyJob, pod_spec: dict[str, Any], container: dict[str, Any]
+) -> None:
+    """Mount the members ConfigMap in a resizable job's chief and point
+    ``STRATEGYJOB_CLUSTER_FILE`` at it (the coordinator follows that file). The directory,
+    not a ``subPath``: only a directory mount sees the kubelet's updates."""
+    volume = "strategyjob-members"
+    pod_spec.setdefault("volumes", []).append(
+        {"name": volume, "configMap": {"name": members_config_map_name(job)}}
+    )
+    container.setdefault("volumeMounts", []).append(
+        {"name": volume, "mountPath": scaling.MEMBERS_DIR, "readOnly": True}
+    )
+    path = f"{scaling.MEMBERS_DIR}/{scaling.MEMBERS_FILE_KEY}"
+    env = [e for e in container.get("env") or [] if e.get("name") != c.ENV_CLUSTER_FILE]
+    container["env"] = [*env, {"name": c.ENV_CLUSTER_FILE, "value": path}]
 
 
 def build_cluster_config_map(
@@ -446,6 +487,8 @@ def build_pod(
     container = pod_spec["containers"][at]
     _with_env(container, env)
     _with_token(container, token_secret_name(job, owner), len(env))
+    if replica_type == "chief" and scaling.resizable(job, tfjob):
+        _with_members_file(job, pod_spec, container)
     _with_port(container, job.port if tfjob is None else tfjob.port(replica_type))
     # A failed container's last log lines become its termination message, whence a failure's
     # condition quotes the error (``ValueError: bad batch``); a template's own policy stays.

@@ -15,6 +15,8 @@ API_VERSION = _names.API_VERSION
 LABEL_JOB_NAME = _names.LABEL_JOB_NAME
 LABEL_REPLICA_TYPE = _names.LABEL_REPLICA_TYPE
 LABEL_REPLICA_INDEX = _names.LABEL_REPLICA_INDEX
+#: The file a resizable job's chief follows for its workers (:mod:`.scaling`).
+ENV_CLUSTER_FILE = _names.ENV_CLUSTER_FILE
 LABEL_JOB_ROLE = _names.LABEL_JOB_ROLE
 LABEL_RESTART_ATTEMPT = _names.LABEL_RESTART_ATTEMPT
 ANNOTATION_PROGRESS = _names.ANNOTATION_PROGRESS
@@ -69,6 +71,11 @@ REASON_CREATE_FAILED = "FailedCreatePod"
 # Pods that cannot start (an image that does not pull, a missing Secret, no node that fits).
 #: Condition: some pods of the job are stuck; its message names them (kstatus' "Stalled").
 STALLED = "Stalled"
+#: A ParameterServerStrategy job's workers are being resized (issue 30): True until the
+#: chief follows every worker the spec asks for.
+RESIZING = "Resizing"
+REASON_RESIZING = "Resizing"
+REASON_RESIZED = "Resized"
 REASON_NOT_STALLED = "PodsProgressing"
 REASON_PENDING_TIMEOUT = "PendingTimeoutExceeded"
 REASON_EVALUATOR_RESTARTING = "EvaluatorRestarting"

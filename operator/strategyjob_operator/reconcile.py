@@ -31,6 +31,7 @@ from strategyjob_operator import (
     scaling,
     undecodable,
 )
+from strategyjob_operator import conditions as cond
 from strategyjob_operator import constants as c
 from strategyjob_operator.flavor import STRATEGYJOB, Flavor, Loaded
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
@@ -125,8 +126,6 @@ def _blocked_condition(
     """``status`` with the ReplicaFailure condition naming what blocks the job (removed once
     nothing does, as a Deployment's), and the Event to post when that changed: one Event per
     change, not one per pass."""
-    from strategyjob_operator import conditions as cond
-
     conds = list(status.get("conditions") or [])
     if not blocked:
         if cond.get(conds, REPLICA_FAILURE) is None:
@@ -332,7 +331,15 @@ class Reconciler:
         if stale:
             return await self._remove_stale_pods(namespace, name, stale)
         generation = job_obj["metadata"].get("generation", 0)
-        if loaded.tfjob is not None and scaling.scaled(status, generation, job.run_policy.suspend):
+        suspended = job.run_policy.suspend
+        members: scaling.Members | None = None
+        resize_events: list[decide.Event] = []
+        if scaling.resizable(job, loaded.tfjob) and scaling.running(status, suspended):
+            members, added = await self._follow_workers(job, job_obj, pods, resize_events)
+            if added:
+                await self._add_workers(loaded, job_obj, added, status, resize_events, now)
+                return SCALE_RETRY_SECONDS  # decide once the new pods are there
+        elif loaded.tfjob is not None and scaling.scaled(status, generation, suspended):
             if await self._scale(loaded, job_obj, pods, status):
                 return SCALE_RETRY_SECONDS  # decide once the new pods are there
         replicas = observe.observe(job, pods, uid)
@@ -426,6 +433,15 @@ class Reconciler:
                 extra_events.append(event)
             if blocked:
                 retry = min(retry or BLOCKED_RETRY_SECONDS, BLOCKED_RETRY_SECONDS)
+        if members is not None or cond.is_true(plan_status.get("conditions") or [], c.RESIZING):
+            held = scaling.resize_condition(job, members)
+            plan_status = dict(plan_status)
+            if members is not None:
+                plan_status["workers"] = len(members.workers)
+            plan_status["conditions"] = cond.set_condition(
+                plan_status.get("conditions") or [], c.RESIZING, *held, decide.timestamp(now)
+            )
+        extra_events.extend(resize_events)
         new_status = plan_status
         report = progress.leader_report(job, pods, job_obj["metadata"].get("uid"))
         if report is not None:
@@ -487,6 +503,76 @@ class Reconciler:
         outcome = await self._create_pods(loaded, job_obj, new, status)
         self.metrics.inc("pods_created", ns, outcome.created)
         return True
+
+    async def _follow_workers(
+        self,
+        job: jobspec.StrategyJob,
+        job_obj: Mapping[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        events: list[decide.Event],
+    ) -> tuple[scaling.Members, list[tuple[str, int]]]:
+        """A resizable job's workers (:mod:`.scaling`): tell the chief of the workers that
+        joined (pod Ready) or left (the spec's count went down) through the members
+        ConfigMap, then delete the pods of the workers that left; returns what the chief
+        follows now and the worker replicas a resize added that need pods."""
+        api, ns, uid = self.api, job.namespace, job_obj["metadata"]["uid"]
+        path = api.core_path(ns, "configmaps", children.members_config_map_name(job))
+        current = await api.get(path)
+        if current is None:  # made by an operator before resizing, or not yet
+            return scaling.initial_members(job), []
+        before = scaling.read_members(current.get("data")) or scaling.initial_members(job)
+        added = scaling.added_workers(job, before, pods)
+        after = scaling.next_members(job, before, scaling.ready_workers(pods))
+        if added:  # the count the pods were made for moves once they all exist
+            after = dataclasses.replace(after, replicas=before.replicas)
+        if after != before:
+            await api.merge_patch(path, {"data": scaling.members_data(job, after)})
+            if after.workers != before.workers:
+                await self._nudge_chief(job, after)
+                message = scaling.resized_message(job, before.workers, after.workers)
+                logger.info("StrategyJob %s/%s: %s", ns, job.name, message)
+                events.append(decide.Event("Normal", c.REASON_RESIZED, message))
+        gone = scaling.surplus(job, pods, uid)
+        if gone:  # after the chief was told: it sends them nothing more
+            await self._delete_pods(ns, [n for n, _ in gone], uids=dict(gone))
+        return after, added
+
+    async def _add_workers(
+        self,
+        loaded: Loaded,
+        job_obj: dict[str, Any],
+        added: Sequence[tuple[str, int]],
+        status: Mapping[str, Any],
+        events: list[decide.Event],
+        now: datetime,
+    ) -> None:
+        """Create the pods of the workers a resize added (with the cluster ConfigMap of the
+        new count). One that cannot be created is a Warning Event and is tried again on the
+        next pass; the job trains on with the workers it has meanwhile."""
+        job = loaded.job
+        await self._ensure_job_objects(loaded, job_obj)
+        outcome = await self._create_pods(loaded, job_obj, added, status)
+        self.metrics.inc("pods_created", job.namespace, outcome.created)
+        if outcome.failed:
+            first, error = min(outcome.failed, key=lambda f: f[0])
+            why = f"StrategyJob {job.name}: resizing: pod {first} not created: {error}"
+            events = [*events, decide.Event("Warning", c.REASON_CREATE_FAILED, why)]
+        await self._post_events(job_obj, tuple(events), now)
+
+    async def _nudge_chief(self, job: jobspec.StrategyJob, members: scaling.Members) -> None:
+        """Annotate the chief's pod with its workers: the kubelet syncs a pod whose
+        annotations change, and refreshes its ConfigMap volume then (within a second or two
+        instead of its periodic sync). A chief not there (being replaced) reads the file
+        when it starts."""
+        path = self.api.core_path(job.namespace, "pods", job.pod_name("chief", 0))
+        value = ",".join(str(i) for i in members.workers)
+        try:
+            await self.api.merge_patch(
+                path, {"metadata": {"annotations": {scaling.ANNOTATION_MEMBERS: value}}}
+            )
+        except ApiError as e:
+            if e.status != 404:
+                raise
 
     async def _sync_pod_group(self, scheduler: gang.GangScheduler, group: dict[str, Any]) -> None:
         """Patch the job's existing PodGroup where it differs from ``group``, what the job now
@@ -587,6 +673,9 @@ class Reconciler:
             (api.group_path(net, ns, "networkpolicies"), children.build_network_policy(job, owner)),
             (api.core_path(ns, "configmaps"), config_map),
         ]
+        if scaling.resizable(job, tfjob):  # the workers its chief follows, from the start
+            members = children.build_members_config_map(job, owner, scaling.initial_members(job))
+            wanted.append((api.core_path(ns, "configmaps"), members))
         uid = job_obj["metadata"]["uid"]
         calls: list[Callable[[], Awaitable[object]]] = [
             functools.partial(self._create_child, p, o, uid) for p, o in wanted
@@ -835,8 +924,6 @@ class Reconciler:
     ) -> None:
         """A job the API server accepted but jobspec rejects (e.g. a CRD installed without
         its validation rules): fail it once, with the problems as the message."""
-        from strategyjob_operator import conditions as cond
-
         if cond.is_true(status.get("conditions") or [], c.FAILED):
             return None
         ts = decide.timestamp(now)

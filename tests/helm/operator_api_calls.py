@@ -68,6 +68,7 @@ def _calls(
 
 
 LEFTOVERS = "a job is created again before the children of its namesake are deleted"
+RESIZED = "a ParameterServerStrategy job's workers are resized (kubectl scale)"
 FOUND = "a pass finds the object there (a whole-job restart, an operator restarted mid-creation)"
 
 
@@ -132,8 +133,22 @@ CALLS: list[Call] = [
     *_calls(
         "",
         "pods",
-        {"patch": "never called: granted to each job's Role on its leader pod (progress)"},
-        delegated=True,
+        {
+            "patch": "reconcile.Reconciler._nudge_chief: the members annotation of a resized "
+            "ParameterServerStrategy job's chief (the kubelet refreshes its ConfigMap volume); "
+            "also granted to each job's Role on its leader pod (progress)"
+        },
+        only_when={"patch": RESIZED},
+    ),
+    *_calls(
+        "",
+        "configmaps",
+        {
+            "patch": "reconcile.Reconciler._follow_workers: the workers in the "
+            "<job>-strategyjob-members ConfigMap that a resized ParameterServerStrategy job's "
+            "chief follows"
+        },
+        only_when={"patch": RESIZED},
     ),
     *_calls(
         SJ,
@@ -147,7 +162,10 @@ CALLS: list[Call] = [
     *_job_object_calls("", "services", "the job's headless Service"),
     *_job_object_calls("", "serviceaccounts", "the job's ServiceAccount"),
     *_job_object_calls(
-        "", "configmaps", "the job's <job>-strategyjob-cluster, the cluster its pods read"
+        "",
+        "configmaps",
+        "the job's <job>-strategyjob-cluster, the cluster its pods read, and a "
+        "ParameterServerStrategy job's <job>-strategyjob-members, the workers its chief follows",
     ),
     *_job_object_calls(
         "",

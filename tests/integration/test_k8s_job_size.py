@@ -20,6 +20,7 @@ from integration_harness import OperatorProcess, manifest, wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from strategyjob import jobspec
+from strategyjob_operator import children
 
 from tests.support.control_plane import REPO_ROOT
 
@@ -150,7 +151,9 @@ def test_a_jobs_cluster_is_stored_once_and_every_pod_refers_to_it(kube, operator
     wait_for(f"{total} pods", lambda: len(kube.raw_pods("size")) >= total, timeout=300, interval=1)
     cluster = jobspec.cluster_for_kubernetes(job)
 
-    config_map = kube.core.read_namespaced_config_map("size-strategyjob-cluster", kube.ns)
+    # a ParameterServerStrategy job's: <job>-strategyjob-cluster-<hash>, one per worker count
+    cm_name = children.cluster_config_map_name(job)
+    config_map = kube.core.read_namespaced_config_map(cm_name, kube.ns)
     assert config_map.data == {"cluster": jobspec.cluster_spec(cluster)}
     assert config_map.immutable is True
     config_map_bytes = len(config_map.data["cluster"])
@@ -166,16 +169,17 @@ def test_a_jobs_cluster_is_stored_once_and_every_pod_refers_to_it(kube, operator
         entries = pod["spec"]["containers"][0]["env"]
         assert entries[0] == {
             "name": "STRATEGYJOB_CLUSTER_SPEC",
-            "valueFrom": {
-                "configMapKeyRef": {"name": "size-strategyjob-cluster", "key": "cluster"}
-            },
+            "valueFrom": {"configMapKeyRef": {"name": cm_name, "key": "cluster"}},
         }
         (reference,) = [e["value"] for e in entries if e["name"] == "TF_CONFIG"]
         assert "$(STRATEGYJOB_CLUSTER_SPEC)" in reference
         full = jobspec.tf_config(cluster, replica_type, index)
         if index < 3 or replica_type in ("chief", "evaluator"):  # the kubelet's view
             assert kube.container_env(pod)["TF_CONFIG"] == full
-        env_sizes.append(len(json.dumps(entries, separators=(",", ":"))))
+        # (the chief's STRATEGYJOB_CLUSTER_FILE, the path of the workers it follows, is as
+        # long whatever the job's size)
+        sized = [e for e in entries if e["name"] != "STRATEGYJOB_CLUSTER_FILE"]
+        env_sizes.append(len(json.dumps(sized, separators=(",", ":"))))
         sizes.append(size)
         new_bytes += size
         # the same pod with the whole TF_CONFIG in it, as before, and without the reference

@@ -6,6 +6,8 @@ import json
 
 import pytest
 from integration_harness import manifest, wait_for
+from strategyjob import jobspec
+from strategyjob_operator import children
 
 TOPOLOGIES = [
     pytest.param("MultiWorkerMirroredStrategy", {"worker": 3}, id="mwms"),
@@ -41,7 +43,9 @@ def test_each_strategy_gets_its_pods_service_and_environment(kube, operator, str
         t: [f"train-{t}-{i}.train.{ns}.svc:2222" for i in range(n)] for t, n in replicas.items()
     }
     leader = ("chief", 0) if "chief" in replicas else ("worker", 0)
-    config_map = kube.core.read_namespaced_config_map("train-strategyjob-cluster", ns)
+    loaded = jobspec.load_manifest({**job, "metadata": {"name": "train", "namespace": ns}})
+    cm_name = children.cluster_config_map_name(loaded)  # hashed for ParameterServerStrategy
+    config_map = kube.core.read_namespaced_config_map(cm_name, ns)
     assert config_map.immutable is True
     assert config_map.metadata.owner_references[0].uid == uid
     assert config_map.metadata.labels == {"strategyjob.dev/job-name": "train"}

@@ -107,7 +107,7 @@ def test_topology_is_immutable(kube):
     assert "spec.strategy cannot be changed after the job is created" in err.value.body
     with pytest.raises(ApiException) as err:
         kube.patch_job("imm", {"spec": {"replicaSpecs": {"worker": {"replicas": 3}}}})
-    assert "replicas cannot be changed after the job is created" in err.value.body
+    assert "a MultiWorkerMirroredStrategy job cannot be resized yet" in err.value.body
 
 
 @pytest.mark.timeout(240)

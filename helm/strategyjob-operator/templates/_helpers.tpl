@@ -125,8 +125,9 @@ the two identical.
   verbs: [update]
 # The job's pods: kopf watches them (wake-ups), the reconciler lists them by label, creates the
 # missing ones and deletes them on restarts and failures, and reads one's metadata (get) when
-# its creation answers 409: whose is the pod of that name? patch is never called: each job's
-# Role grants get and patch on the job's leader pod (progress reports), and RBAC lets the
+# its creation answers 409: whose is the pod of that name? patch: the annotation that makes the
+# kubelet refresh a resized ParameterServerStrategy job's members file in its chief; each job's
+# Role also grants get and patch on the job's leader pod (progress reports), and RBAC lets the
 # operator grant only verbs it holds itself; holding them is narrower than escalate and bind.
 - apiGroups: [""]
   resources: [pods]
@@ -134,11 +135,16 @@ the two identical.
 # The job's objects below are created once; on 409 the operator reads the existing one's
 # metadata (get as PartialObjectMetadata) and deletes it if an earlier job of the same name
 # left it there, before the garbage collector got to it.
-# The job's headless Service and ServiceAccount, and the ConfigMap <job>-strategyjob-cluster
-# with the cluster part of TF_CONFIG that every pod of the job reads (the pod specs refer to it).
+# The job's headless Service and ServiceAccount.
 - apiGroups: [""]
-  resources: [services, serviceaccounts, configmaps]
+  resources: [services, serviceaccounts]
   verbs: [create, get, delete]
+# The ConfigMap <job>-strategyjob-cluster with the cluster part of TF_CONFIG that every pod of
+# the job reads (the pod specs refer to it), and a ParameterServerStrategy job's
+# <job>-strategyjob-members, the workers its chief follows: patched when the job is resized.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [create, get, delete, patch]
 # The job's token Secret, <job>-<uid>-strategyjob-token: created once; on 409 the operator reads
 # its metadata only (PartialObjectMetadata, never its data) to check that this job owns it. The
 # uid in the name means an earlier job's Secret never stands in the way, so no delete. get

@@ -65,7 +65,7 @@ _DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 _TOP_LEVEL_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 _SPEC_FIELDS = ("strategy", "replicaSpecs", "runPolicy", "successPolicy", "port")
-_REPLICA_FIELDS = ("replicas", "template", "restartPolicy")
+_REPLICA_FIELDS = ("replicas", "minReplicas", "maxReplicas", "template", "restartPolicy")
 _RUN_POLICY_FIELDS = (
     "backoffLimit",
     "activeDeadlineSeconds",
@@ -439,12 +439,39 @@ def _read_replica_specs(check: _Checker, raw: Any) -> dict[str, ReplicaSpec]:
             DEFAULT_RESTART_POLICY,
         )
         template = _read_template(check, replica_type, fields.get("template"))
+        count = min(max(replicas or 0, 0), MAX_REPLICAS)
+        low, high = _read_bounds(check, replica_type, fields, count)
         specs[replica_type] = ReplicaSpec(
-            replicas=min(max(replicas or 0, 0), MAX_REPLICAS),
+            replicas=count,
             template=template,
             restart_policy=restart_policy,
+            min_replicas=low,
+            max_replicas=high,
         )
     return specs
+
+
+def _read_bounds(
+    check: _Checker, replica_type: str, fields: Mapping[str, Any], replicas: int
+) -> tuple[int | None, int | None]:
+    """``minReplicas``/``maxReplicas``: what a resize may ask for, on the workers only."""
+    path = f"spec.replicaSpecs.{replica_type}"
+    low, high = (
+        check.integer(f"{path}.{key}", fields.get(key), None, minimum=0, maximum=MAX_REPLICAS)
+        for key in ("minReplicas", "maxReplicas")
+    )
+    if low is None and high is None:
+        return None, None
+    if replica_type != "worker":
+        given = {k: fields[k] for k in ("minReplicas", "maxReplicas") if k in fields}
+        check.add(msg.BOUNDS_NOT_WORKER, given, replica_type=replica_type)
+    elif low is not None and high is not None and low > high:
+        check.add(msg.BOUNDS_CROSSED, {"minReplicas": low, "maxReplicas": high})
+    elif low is not None and replicas < low:
+        check.add(msg.BELOW_MIN_REPLICAS, replicas, minimum=low)
+    elif high is not None and replicas > high:
+        check.add(msg.ABOVE_MAX_REPLICAS, replicas, maximum=high)
+    return low, high
 
 
 def _read_template(check: _Checker, replica_type: str, raw: Any) -> dict[str, Any]:

@@ -197,6 +197,23 @@ DUPLICATE_TF_REPLICA_TYPE = (
     "spec.tfReplicaSpecs.{key}: the same replica type as {other}, as keys are "
     "case-insensitive (got {value}). Keep one of them."
 )
+# --- resizing bounds (the CRD says the same; only workers may be resized) ------------------------
+BOUNDS_NOT_WORKER = (
+    "spec.replicaSpecs.{replica_type}: minReplicas and maxReplicas bound the worker count only "
+    "(got {value}). Remove them here; set them on spec.replicaSpecs.worker."
+)
+BOUNDS_CROSSED = (
+    "spec.replicaSpecs.worker: minReplicas is greater than maxReplicas (got {value}). Set "
+    "minReplicas <= maxReplicas."
+)
+BELOW_MIN_REPLICAS = (
+    "spec.replicaSpecs.worker.replicas: below minReplicas {minimum} (got {value}). Ask for "
+    "{minimum} workers or more, or change minReplicas."
+)
+ABOVE_MAX_REPLICAS = (
+    "spec.replicaSpecs.worker.replicas: above maxReplicas {maximum} (got {value}). Ask for "
+    "{maximum} workers or fewer, or change maxReplicas."
+)
 TOO_MANY_CHIEFS = (
     "spec.tfReplicaSpecs: a TFJob may have at most one Chief or Master replica in all "
     "(got {value}). Keep one, with replicas: 1."

@@ -139,6 +139,9 @@ class ReplicaSpec:
     replicas: int = DEFAULT_REPLICAS
     template: Mapping[str, Any] = field(default_factory=dict)
     restart_policy: str = DEFAULT_RESTART_POLICY
+    #: The bounds of a resize (``kubectl scale``); workers only. None: unbounded.
+    min_replicas: int | None = None
+    max_replicas: int | None = None
 
 
 @dataclass(frozen=True)

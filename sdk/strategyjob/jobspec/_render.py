@@ -56,6 +56,10 @@ def to_manifest(job: StrategyJob) -> dict[str, Any]:
         rendered: dict[str, Any] = {"replicas": spec.replicas}
         if spec.restart_policy != DEFAULT_RESTART_POLICY:
             rendered["restartPolicy"] = spec.restart_policy
+        if spec.min_replicas is not None:
+            rendered["minReplicas"] = spec.min_replicas
+        if spec.max_replicas is not None:
+            rendered["maxReplicas"] = spec.max_replicas
         rendered["template"] = copy.deepcopy(dict(spec.template))
         replica_specs[replica_type] = rendered
 

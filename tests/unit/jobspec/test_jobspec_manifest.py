@@ -330,7 +330,7 @@ def test_unknown_fields_are_reported_with_their_path(make_manifest):
         msg.UNKNOWN_FIELD.format(
             path="spec.replicaSpecs.worker.replica",
             value='"replica"',
-            known="replicas, template, restartPolicy",
+            known="replicas, minReplicas, maxReplicas, template, restartPolicy",
         ),
         msg.UNKNOWN_FIELD.format(
             path="spec.runPolicy.backofLimit",

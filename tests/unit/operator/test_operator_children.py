@@ -73,7 +73,7 @@ def test_pod_is_named_addressed_labelled_and_owned():
     entries = pod["spec"]["containers"][0]["env"]
     cluster = jobspec.cluster_for_kubernetes(j)
     injected = jobspec.replica_env_by_reference(
-        j, "worker", 1, cluster, 2, config_map="mnist-strategyjob-cluster"
+        j, "worker", 1, cluster, 2, config_map=children.cluster_config_map_name(j)
     )
     # the injected variables first (the cluster from the job's ConfigMap), then the token,
     # then the template's own
@@ -115,8 +115,11 @@ def test_the_cluster_config_map_holds_the_cluster_part_of_tf_config_once():
     j = make_job()
     owner = children.owner_reference(OWNER)
     cm = children.build_cluster_config_map(j, owner)
+    # a ParameterServerStrategy job's worker count changes (kubectl scale): one immutable
+    # ConfigMap per cluster, named by its hash, as a TFJob's
+    assert children.cluster_config_map_name(j).startswith("mnist-strategyjob-cluster-")
     assert cm["metadata"] == {
-        "name": "mnist-strategyjob-cluster",
+        "name": children.cluster_config_map_name(j),
         "namespace": "ml",
         "labels": {c.LABEL_JOB_NAME: "mnist"},
         "ownerReferences": [owner],

@@ -1,0 +1,90 @@
+"""A ParameterServerStrategy job resized while it trains on a real cluster (issue 30):
+``kubectl scale`` 2 -> 3 -> 1. The chief's coordinator takes the new worker once its pod is
+Ready (the operator's members ConfigMap, refreshed in the chief's pod by the kubelet when the
+operator annotates the pod) and lets the removed ones go; nothing that stays is restarted, no
+step is lost, and the job succeeds."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC
+
+import pytest
+
+from e2e.e2e_support import STEP_LINE, Namespace, example, losses, wait_for
+from tests.support.kind import report
+
+JOB, CHIEF = "digits-ps", "digits-ps-chief-0"
+
+
+def scale(ns: Namespace, replicas: int) -> float:
+    ns.cluster.kubectl("scale", f"sjob/{JOB}", f"--replicas={replicas}", "-n", ns.name)
+    return time.time()
+
+
+def ready_at(ns: Namespace, pod: str) -> float | None:
+    """When the pod's Ready condition last became True (the API server's clock; kind's nodes
+    share this machine's)."""
+    found = ns.pod(pod)
+    for cond in (found.status.conditions or []) if found else []:
+        if cond.type == "Ready" and cond.status == "True":
+            return cond.last_transition_time.replace(tzinfo=UTC).timestamp()
+    return None
+
+
+@pytest.mark.timeout(420)
+def test_a_ps_job_resized_while_training_restarts_nothing_and_loses_no_step(ns: Namespace):
+    steps, every = 2400, 60
+    ns.apply(example("digits_ps", env={"chief": {"STEPS": str(steps), "LOG_EVERY": str(every)}}))
+    ns.wait_log(CHIEF, rf"step {2 * every}/{steps}", timeout=180)
+    before = {p.metadata.name: p.metadata.uid for p in ns.pods(JOB)}
+
+    asked = scale(ns, 3)
+    ns.wait_log(CHIEF, r"workers resized \(joined: /job:worker/replica:0/task:2\)", timeout=150)
+    joined = time.time()
+    ready = wait_for("worker-2 Ready", lambda: ready_at(ns, "digits-ps-worker-2"), 30, 0.5)
+    resizing = wait_for(
+        "Resizing False",
+        lambda: next(
+            (
+                c
+                for c in ns.job(JOB)["status"].get("conditions", [])
+                if c["type"] == "Resizing" and c["status"] == "False"
+            ),
+            None,
+        ),
+        30,
+        0.5,
+    )
+    assert resizing["message"] == "StrategyJob digits-ps runs 3 workers."
+    report(
+        f"ps resize on kind: kubectl scale 2 -> 3: the chief took worker-2 {joined - asked:.0f} s "
+        f"after the scale, {joined - ready:.1f} s after its pod was Ready"
+    )
+    assert joined - ready < 10, "the chief should follow a Ready worker within seconds"
+    mark = len(losses(ns.logs(CHIEF), STEP_LINE))
+    wait_for("two more step lines", lambda: len(losses(ns.logs(CHIEF), STEP_LINE)) >= mark + 2)
+
+    asked = scale(ns, 1)
+    ns.wait_log(
+        CHIEF,
+        r"workers resized \(left: /job:worker/replica:0/task:1, "
+        r"/job:worker/replica:0/task:2\); now 1",
+        timeout=60,
+    )
+    report(
+        "ps resize on kind: kubectl scale 3 -> 1: the chief let them go "
+        f"{time.time() - asked:.0f} s after"
+    )
+    stayed = {p.metadata.name: p.metadata.uid for p in ns.pods(JOB)}
+    for name in (CHIEF, "digits-ps-ps-0", "digits-ps-worker-0"):
+        assert stayed[name] == before[name], f"{name} was replaced"
+
+    job = ns.wait_job(JOB, "Succeeded", timeout=300)
+    chief = ns.logs(CHIEF)
+    points = losses(chief, STEP_LINE)
+    assert [step for step, _ in points] == list(range(every, steps + 1, every)), chief
+    statuses = job["status"]["replicaStatuses"]
+    assert all(statuses[t].get("restarts", 0) == 0 for t in ("chief", "ps", "worker")), statuses
+    assert not re.search(r"Traceback", chief), chief

@@ -1,0 +1,138 @@
+"""Resizing a running ParameterServerStrategy job (issue 30) against a real API server and
+the operator, the test playing the kubelet: ``kubectl scale`` 2 -> 4 -> 1 -> 3. New workers get
+pods with the new cluster; the chief's members ConfigMap (the file its coordinator follows)
+gains each once its pod is Ready, loses removed ones before their pods are deleted; the chief,
+the ps and the workers that stay are never replaced; ``Resizing`` and an Event say each
+change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from integration_harness import manifest, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+MEMBERS = "elastic-strategyjob-members"
+
+
+def make_ready(kube, pod: str) -> None:
+    """What a kubelet writes for a started pod: Running, its container ready, Ready."""
+    kube.set_phase(pod, "Running")
+    kube.core.patch_namespaced_pod_status(
+        pod, kube.ns, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    )
+
+
+def members(kube) -> dict[str, str]:
+    return dict(kube.core.read_namespaced_config_map(MEMBERS, kube.ns).data or {})
+
+
+def wait_members(kube, workers: str) -> dict[str, str]:
+    return wait_for(
+        f"the chief's members to be workers {workers}",
+        lambda: (m := members(kube)).get("workers") == workers and m,
+    )
+
+
+def scale(cp, kube, replicas: int) -> None:
+    done = cp.kubectl("scale", "sjob/elastic", f"--replicas={replicas}", "-n", kube.ns)
+    assert done.returncode == 0, done.stderr
+
+
+def uids(kube) -> dict[str, str]:
+    return {name: pod.metadata.uid for name, pod in kube.pods("elastic").items()}
+
+
+def resizing(kube) -> dict | None:
+    job = kube.job("elastic") or {}
+    conds = (job.get("status") or {}).get("conditions") or []
+    return next((x for x in conds if x["type"] == "Resizing"), None)
+
+
+def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
+    kube, operator, control_plane
+):
+    cp = control_plane
+    kube.create_job(
+        manifest("elastic", "ParameterServerStrategy", {"chief": 1, "ps": 1, "worker": 2})
+    )
+    for name in kube.wait_pods("elastic", 4):
+        make_ready(kube, name)
+    kube.wait_condition("elastic", "Running")
+    first = wait_members(kube, "0-1")
+    cluster = json.loads(first["cluster.json"])
+    assert sorted(cluster["worker"]) == ["0", "1"]
+    chief = kube.core.read_namespaced_pod("elastic-chief-0", kube.ns)
+    env = {e.name: e.value for e in chief.spec.containers[0].env}
+    assert env["STRATEGYJOB_CLUSTER_FILE"] == "/etc/strategyjob/members/cluster.json"
+    assert any(v.config_map and v.config_map.name == MEMBERS for v in chief.spec.volumes)
+    before = uids(kube)
+
+    # 2 -> 4: the new pods are made with the cluster of 4; the chief waits for them to be Ready
+    scale(cp, kube, 4)
+    pods = kube.wait_pods("elastic", 6)
+    assert {"elastic-worker-2", "elastic-worker-3"} <= pods.keys()
+    raw = {p["metadata"]["name"]: p for p, _ in kube.raw_pods("elastic")}
+    tf_config = json.loads(kube.container_env(raw["elastic-worker-3"])["TF_CONFIG"])
+    assert len(tf_config["cluster"]["worker"]) == 4
+    assert tf_config["task"] == {"type": "worker", "index": 3}
+    waiting = wait_for("Resizing", lambda: (r := resizing(kube)) and r["status"] == "True" and r)
+    assert "waiting for elastic-worker-2, elastic-worker-3 to be Ready" in waiting["message"]
+    assert members(kube)["workers"] == "0-1"
+    make_ready(kube, "elastic-worker-2")
+    joined = wait_members(kube, "0-2")
+    assert sorted(json.loads(joined["cluster.json"])["worker"]) == ["0", "1", "2"]
+    wait_for(
+        "the chief's members annotation",
+        lambda: (
+            kube.core.read_namespaced_pod("elastic-chief-0", kube.ns).metadata.annotations.get(
+                "strategyjob.dev/members"
+            )
+            == "0,1,2"
+        ),
+    )
+    make_ready(kube, "elastic-worker-3")
+    wait_members(kube, "0-3")
+    done = wait_for(
+        "Resizing False", lambda: (r := resizing(kube)) and r["status"] == "False" and r
+    )
+    assert done["message"] == "StrategyJob elastic runs 4 workers."
+    assert kube.job("elastic")["status"]["workers"] == 4
+    header, row = cp.kubectl("get", "sjob", "elastic", "-n", kube.ns, "-o", "wide").stdout.split(
+        "\n"
+    )[:2]
+    at = header.index("WORKERS")  # columns are aligned; an empty one (PROGRESS) has no word
+    assert row[at:].split()[:2] == ["4", "4"], (header, row)
+    assert header[at:].split()[:2] == ["WORKERS", "DESIRED"]
+    events = kube.wait_events("elastic", "Resized")
+    assert any("workers 2 -> 3 (joined: worker 2)" in e.message for e in events)
+
+    # 4 -> 1: the chief is told first, then the pods go
+    scale(cp, kube, 1)
+    wait_members(kube, "0")
+    kube.wait_pods("elastic", 3)
+    # 1 -> 3
+    scale(cp, kube, 3)
+    pods = kube.wait_pods("elastic", 5)
+    for name in ("elastic-worker-1", "elastic-worker-2"):
+        make_ready(kube, name)
+    wait_members(kube, "0-2")
+
+    after = uids(kube)
+    for name in ("elastic-chief-0", "elastic-ps-0", "elastic-worker-0"):
+        assert after[name] == before[name], f"{name} was replaced"
+    job = kube.job("elastic")
+    assert job["status"].get("restartCount", 0) == 0
+    assert not kube.condition("elastic", "Failed")
+    assert job["status"]["replicaStatuses"]["worker"]["selector"] == (
+        "strategyjob.dev/job-name=elastic,strategyjob.dev/replica-type=worker"
+    )
+    scale_view = kube.custom.get_namespaced_custom_object_scale(
+        "strategyjob.dev", "v1alpha1", kube.ns, "strategyjobs", "elastic"
+    )
+    assert scale_view["spec"]["replicas"] == 3
+    assert (
+        scale_view["status"]["selector"] == job["status"]["replicaStatuses"]["worker"]["selector"]
+    )
