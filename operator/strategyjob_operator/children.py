@@ -129,6 +129,20 @@ def cluster_config_map_name(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | Non
     return f"{name}-{digest[:10]}"
 
 
+def build_metrics_config_map(
+    job: jobspec.StrategyJob, owner: Mapping[str, Any], data: Mapping[str, str]
+) -> dict[str, Any]:
+    """``<job>-strategyjob-metrics``: the job's metric history (:mod:`.history`), created at
+    its first report and patched at each new one."""
+    name = jobspec.metrics_config_map_name(job.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, name, owner),
+        "data": dict(data),
+    }
+
+
 def members_config_map_name(job: jobspec.StrategyJob) -> str:
     """``<job>-strategyjob-members``: the workers a resizable job's chief follows
     (:mod:`.scaling`)."""

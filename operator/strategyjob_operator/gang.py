@@ -99,9 +99,16 @@ def pod_group_name(job: jobspec.StrategyJob) -> str:
 
 
 def min_member(job: jobspec.StrategyJob) -> int:
-    """``minAvailable``, else every replica of the job (a collective job needs them all)."""
+    """``minAvailable``, else every replica of the job (a collective job needs them all),
+    counting the workers at their ``minReplicas`` when the spec bounds them: a job resized
+    down to its minimum still runs, so the scheduler need not wait for more."""
     explicit = job.run_policy.scheduling_policy.min_available
-    return explicit if explicit is not None else job.total_replicas
+    if explicit is not None:
+        return explicit
+    worker = job.replica_specs.get("worker")
+    if worker is not None and worker.min_replicas is not None:
+        return job.total_replicas - worker.replicas + min(worker.min_replicas, worker.replicas)
+    return job.total_replicas
 
 
 def build_pod_group(

@@ -101,6 +101,9 @@ def parse_report(text: str | None) -> dict[str, Any] | None:
     when = _time(raw.get("time"))
     if when is not None:
         report["time"] = _rfc3339(when)
+    points = raw.get("points")
+    if isinstance(points, list) and points:  # for the history (:mod:`.history`), not the status
+        report["points"] = points
     return report
 
 

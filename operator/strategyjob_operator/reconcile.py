@@ -26,6 +26,7 @@ from strategyjob_operator import (
     decide,
     flavor,
     gang,
+    history,
     observe,
     progress,
     scaling,
@@ -448,6 +449,8 @@ class Reconciler:
             new_status = progress.with_progress(
                 plan_status, progress.aggregate(report, status.get("progress"))
             )
+            if new_status.get("progress") != status.get("progress"):  # a new report
+                await self._record_history(job, job_obj, report)
         if new_status != status:
             new_written = self.flavor.external_status(new_status, loaded)
             if loaded.tfjob is not None:  # TFJob's: when the status last changed
@@ -490,12 +493,8 @@ class Reconciler:
         for name, service_uid in scaling.surplus(job, services, uid):
             await self._delete(api.core_path(ns, "services", name), uid=service_uid)
         new = scaling.added(job, services)
-        if not new:
-            scheduler = self.settings.gang_scheduler
-            if scheduler is not None:  # no creation pass: nothing else brings the PodGroup
-                owner = children.owner_reference(job_obj)
-                group = gang.build_pod_group(job, owner, scheduler, loaded.tfjob)
-                await self._sync_pod_group(scheduler, group)
+        if not new:  # no creation pass: nothing else brings the PodGroup
+            await self._follow_pod_group(job, job_obj, loaded.tfjob)
             return False
         # _ensure_job_objects finds the job's PodGroup and moves its minMember first
         logger.info("%s %s/%s scaled up: creating %s", self.flavor.kind, ns, job.name, new)
@@ -535,6 +534,7 @@ class Reconciler:
         gone = scaling.surplus(job, pods, uid)
         if gone:  # after the chief was told: it sends them nothing more
             await self._delete_pods(ns, [n for n, _ in gone], uids=dict(gone))
+            await self._follow_pod_group(job, job_obj, None)
         return after, added
 
     async def _add_workers(
@@ -573,6 +573,45 @@ class Reconciler:
         except ApiError as e:
             if e.status != 404:
                 raise
+
+    async def _record_history(
+        self, job: jobspec.StrategyJob, job_obj: Mapping[str, Any], report: Mapping[str, Any]
+    ) -> None:
+        """Fold a new report into the job's metric history (:mod:`.history`), before the
+        status says it was seen: a pass that stops in between folds it in again, which
+        changes nothing. A failure is logged, never the job's: it trains on without it."""
+        api, ns = self.api, job.namespace
+        name = jobspec.metrics_config_map_name(job.name)
+        path = api.core_path(ns, "configmaps", name)
+        try:
+            current = await api.get(path)
+            previous = ((current or {}).get("data") or {}).get(jobspec.METRICS_HISTORY_KEY)
+            text, warning = history.updated(previous, report)
+            if warning:
+                logger.warning("StrategyJob %s/%s: %s", ns, job.name, warning)
+            if text is None:
+                return
+            data = {jobspec.METRICS_HISTORY_KEY: text}
+            if current is None:
+                owner = children.owner_reference(job_obj)
+                obj = children.build_metrics_config_map(job, owner, data)
+                await self._create_child(api.core_path(ns, "configmaps"), obj, owner["uid"])
+            else:
+                await api.merge_patch(path, {"data": data})
+        except (ApiError, ChildBlockedError) as e:
+            logger.warning("StrategyJob %s/%s: metric history not kept: %s", ns, job.name, e)
+
+    async def _follow_pod_group(
+        self, job: jobspec.StrategyJob, job_obj: Mapping[str, Any], tfjob: jobspec.TFJob | None
+    ) -> None:
+        """Under a gang scheduler, the job's PodGroup as its spec now asks (a scale-down
+        lowers ``minMember``; a scale-up moves it through the job's objects, before the new
+        pods)."""
+        scheduler = self.settings.gang_scheduler
+        if scheduler is not None:
+            owner = children.owner_reference(job_obj)
+            group = gang.build_pod_group(job, owner, scheduler, tfjob)
+            await self._sync_pod_group(scheduler, group)
 
     async def _sync_pod_group(self, scheduler: gang.GangScheduler, group: dict[str, Any]) -> None:
         """Patch the job's existing PodGroup where it differs from ``group``, what the job now

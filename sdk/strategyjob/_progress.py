@@ -164,10 +164,15 @@ class _FileSink:
 
 
 class _PodAnnotationSink:
-    """In a cluster: merge-patch the annotation of this pod with its own token (the newest
-    report only: the operator keeps no history yet)."""
+    """In a cluster: merge-patch the annotation of this pod with its own token. Each write
+    carries the reports since the last (thinned to ``points_per_write``: the annotation is
+    part of the pod object every watcher of pods receives), which the operator folds into the
+    job's metric history (``<job>-strategyjob-metrics``)."""
 
-    keeps_points = False
+    keeps_points = True
+    #: About 6 KB of JSON for a few metrics: at the default 10 s interval, a job reporting 10
+    #: times a second has its older reports of a write thinned (the history thins them too).
+    points_per_write = 100
 
     def __init__(self, api: str, sa_dir: str, namespace: str, pod: str) -> None:
         self.url = f"{api.rstrip('/')}/api/v1/namespaces/{namespace}/pods/{pod}"
@@ -251,6 +256,7 @@ class Reporter:
         # The reports since the last write, ``[step, metrics]`` each, when the sink keeps a
         # history: written with the newest, so none is lost to the rate limit (bounded).
         self.keeps_points = bool(getattr(sink, "keeps_points", False))
+        self.points_limit = int(getattr(sink, "points_per_write", _POINTS_PER_WRITE))
         self.points: list[list[Any]] = []
         self.last_write: float | None = None
         self.warned = False  # publishing failed
@@ -267,8 +273,8 @@ class Reporter:
             self.pending = record
             if self.keeps_points:
                 self.points.append([record["step"], record.get("metrics", {})])
-                if len(self.points) > _POINTS_PER_WRITE:
-                    self.points = _history.thin(self.points, _POINTS_PER_WRITE)
+                if len(self.points) > self.points_limit:
+                    self.points = _history.thin(self.points, self.points_limit)
             if self._thread is None and not self._stopped:
                 thread = threading.Thread(
                     target=self._publish, name="strategyjob-progress", daemon=True

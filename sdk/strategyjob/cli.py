@@ -82,26 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=_run)
 
-    metrics = commands.add_parser(
-        "metrics",
-        help="print the metric history a job reported",
-        description=(
-            "Print the history of the metrics a job reported with strategyjob.report, a row "
-            "per step and a column per metric: the file strategyjob run --metrics FILE wrote. "
-            "Each metric keeps at most 1000 points over the whole run (its newest steps one "
-            "by one, older ones evenly sampled). --plot draws them as curves."
-        ),
-    )
-    metrics.add_argument(
-        "--file", required=True, metavar="FILE", help="a history written by strategyjob run"
-    )
-    shown = metrics.add_mutually_exclusive_group()
-    shown.add_argument("--csv", action="store_true", help="print CSV instead of a table")
-    shown.add_argument(
-        "--plot", action="store_true", help="draw each metric's curve instead of a table"
-    )
-    metrics.set_defaults(handler=_metrics)
-
     convert = commands.add_parser(
         "convert",
         help="print the StrategyJob equivalent of a Kubeflow TFJob manifest",
@@ -188,6 +168,28 @@ def _add_cluster_commands(commands: Any) -> None:
     )
     logs.set_defaults(handler=_logs)
 
+    metrics = commands.add_parser(
+        "metrics",
+        parents=[common],
+        help="print the metric history a job reported",
+        description=(
+            "Print the history of the metrics a job reported with strategyjob.report, a row "
+            "per step and a column per metric: a cluster job's (NAME: the history the "
+            "operator keeps in its ConfigMap <job>-strategyjob-metrics), or the file "
+            "strategyjob run --metrics FILE wrote (--file). Each metric keeps at most 1000 "
+            "points over the whole run (its newest steps one by one, older ones evenly "
+            "sampled). --plot draws them as curves."
+        ),
+    )
+    metrics.add_argument("name", metavar="NAME", nargs="?", help="a job on the cluster")
+    metrics.add_argument("--file", metavar="FILE", help="a history written by strategyjob run")
+    shown = metrics.add_mutually_exclusive_group()
+    shown.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    shown.add_argument(
+        "--plot", action="store_true", help="draw each metric's curve instead of a table"
+    )
+    metrics.set_defaults(handler=_metrics)
+
     delete = commands.add_parser(
         "delete", parents=[common], help="delete a StrategyJob (its pods go with it)"
     )
@@ -213,16 +215,29 @@ def _metrics(args: argparse.Namespace) -> int:
     from strategyjob.client._curves import curves
     from strategyjob.client._format import metrics_rows, metrics_table
 
-    try:
-        text = Path(args.file).read_text(encoding="utf-8")
-    except OSError as e:
-        print(f"strategyjob metrics: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
+    if (args.name is None) == (args.file is None):
+        print(
+            "strategyjob metrics: name a job on the cluster (strategyjob metrics NAME) or a "
+            "history file (strategyjob metrics --file FILE), one of the two.",
+            file=sys.stderr,
+        )
         return 2
-    try:
-        series = MetricHistory.from_json(text).series()
-    except ValueError as e:
-        print(f"strategyjob metrics: {args.file}: {e}", file=sys.stderr)
-        return 2
+    where = args.file
+    if args.name is not None:
+        with _client(args) as client:
+            series = client.metrics(args.name)
+        where = f"the history of StrategyJob {args.name} (none reported yet)"
+    else:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8")
+        except OSError as e:
+            print(f"strategyjob metrics: cannot read {where}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        try:
+            series = MetricHistory.from_json(text).series()
+        except ValueError as e:
+            print(f"strategyjob metrics: {where}: {e}", file=sys.stderr)
+            return 2
     if args.csv:
         headers, rows = metrics_rows(series)
         writer = csv.writer(sys.stdout, lineterminator="\n")
@@ -234,7 +249,7 @@ def _metrics(args: argparse.Namespace) -> int:
     elif series:
         print(metrics_table(series))
     else:
-        print(f"No metric in {args.file}.", file=sys.stderr)
+        print(f"No metric in {where}.", file=sys.stderr)
     return 0
 
 

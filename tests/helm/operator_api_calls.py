@@ -146,9 +146,10 @@ CALLS: list[Call] = [
         {
             "patch": "reconcile.Reconciler._follow_workers: the workers in the "
             "<job>-strategyjob-members ConfigMap that a resized ParameterServerStrategy job's "
-            "chief follows"
+            "chief follows; reconcile.Reconciler._record_history: a job's metric history, "
+            "<job>-strategyjob-metrics, at each new progress report after its first"
         },
-        only_when={"patch": RESIZED},
+        only_when={"patch": f"{RESIZED}, or a job reports its progress twice"},
     ),
     *_calls(
         SJ,
@@ -164,8 +165,9 @@ CALLS: list[Call] = [
     *_job_object_calls(
         "",
         "configmaps",
-        "the job's <job>-strategyjob-cluster, the cluster its pods read, and a "
-        "ParameterServerStrategy job's <job>-strategyjob-members, the workers its chief follows",
+        "the job's <job>-strategyjob-cluster, the cluster its pods read, a "
+        "ParameterServerStrategy job's <job>-strategyjob-members, the workers its chief "
+        "follows, and <job>-strategyjob-metrics, its metric history (at its first report)",
     ),
     *_job_object_calls(
         "",

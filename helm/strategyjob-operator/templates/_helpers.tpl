@@ -140,8 +140,9 @@ the two identical.
   resources: [services, serviceaccounts]
   verbs: [create, get, delete]
 # The ConfigMap <job>-strategyjob-cluster with the cluster part of TF_CONFIG that every pod of
-# the job reads (the pod specs refer to it), and a ParameterServerStrategy job's
-# <job>-strategyjob-members, the workers its chief follows: patched when the job is resized.
+# the job reads (the pod specs refer to it), a ParameterServerStrategy job's
+# <job>-strategyjob-members, the workers its chief follows (patched when the job is resized), and
+# <job>-strategyjob-metrics, the job's metric history (patched at each new progress report).
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [create, get, delete, patch]

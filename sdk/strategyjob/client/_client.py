@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from strategyjob import jobspec
+from strategyjob._history import MetricHistory
 from strategyjob._names import GROUP, LABEL_JOB_NAME, PLURAL, VERSION
 from strategyjob.client._errors import to_cluster_error
 from strategyjob.client._logs import LogLine, merge_by_time, split_lines
@@ -182,6 +183,39 @@ class StrategyJobClient:
             name=name,
             namespace=ns,
         )
+
+    def metrics(
+        self, name: str, namespace: str | None = None
+    ) -> dict[str, builtins.list[tuple[int, float]]]:
+        """The job's metric history: per metric its ``(step, value)`` points, ascending
+        steps, as the operator keeps it (bounded: the newest steps one by one, older ones
+        thinned). Empty before the job's first report; raises JobNotFoundError without the
+        job."""
+        from kubernetes.client.exceptions import ApiException
+
+        ns = namespace or self.namespace
+        try:
+            config_map = self._core.read_namespaced_config_map(
+                jobspec.metrics_config_map_name(name), ns, _request_timeout=self.request_timeout
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise self._error(
+                    e, "read the metric history of", "StrategyJob", name, ns
+                ) from None
+            self.get(name, ns)  # no history yet, or no such job (JobNotFoundError)
+            return {}
+        except Exception as e:
+            if not _is_transport_error(e):
+                raise
+            raise self._error(e, "read the metric history of", "StrategyJob", name, ns) from None
+        text = (config_map.data or {}).get(jobspec.METRICS_HISTORY_KEY)
+        if not text:
+            return {}
+        try:
+            return MetricHistory.from_json(text).series()
+        except ValueError as e:
+            raise ClusterError(f"StrategyJob {ns}/{name}: its metric history {e}.") from None
 
     def replicas(self, name: str, namespace: str | None = None) -> builtins.list[ReplicaInfo]:
         """Every replica the job asks for with its pod's phase (``-`` without a pod)."""

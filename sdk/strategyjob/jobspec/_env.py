@@ -59,6 +59,10 @@ ENV_PROGRESS_FILE = _names.ENV_PROGRESS_FILE
 ENV_CLUSTER_SPEC = _names.ENV_CLUSTER_SPEC
 CLUSTER_SPEC_KEY = "cluster"
 CLUSTER_CONFIG_MAP_SUFFIX = "-strategyjob-cluster"
+#: The job's metric history in a cluster (the operator writes it, the client reads it): a
+#: ConfigMap whose key ``METRICS_HISTORY_KEY`` holds ``strategyjob._history``'s JSON.
+METRICS_CONFIG_MAP_SUFFIX = "-strategyjob-metrics"
+METRICS_HISTORY_KEY = "history.json"
 
 #: Replica types that take part in training collectives and get a torch rank.
 TRAINING_REPLICA_TYPES = ("chief", "worker")
@@ -168,6 +172,11 @@ def cluster_for_kubernetes(job: StrategyJob) -> dict[str, list[str]]:
 def cluster_config_map_name(job_name: str) -> str:
     """The ConfigMap holding job ``job_name``'s :func:`cluster_spec` (the operator's)."""
     return f"{job_name}{CLUSTER_CONFIG_MAP_SUFFIX}"
+
+
+def metrics_config_map_name(job_name: str) -> str:
+    """The ConfigMap holding job ``job_name``'s metric history (the operator's)."""
+    return f"{job_name}{METRICS_CONFIG_MAP_SUFFIX}"
 
 
 def _compact_json(value: object) -> str:

@@ -3,6 +3,8 @@ a scheduling policy cannot be honoured."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from strategyjob import jobspec
 from strategyjob_operator import children, gang
@@ -50,6 +52,23 @@ def test_min_member_defaults_to_every_replica():
     group = gang.build_pod_group(make_job({"queue": "q"}), OWNER, gang.SCHEDULER_PLUGINS)
     assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert group["spec"] == {"minMember": 4}  # the coscheduling PodGroup has no queue
+
+
+def test_min_member_counts_the_workers_at_their_minimum():
+    """A job kubectl scale may take down to minReplicas workers runs with that many: the
+    gang needs no more (issue 30); minAvailable, when set, still decides."""
+    job = make_job()
+    bounded = dataclasses.replace(
+        job,
+        replica_specs={
+            **job.replica_specs,
+            "worker": dataclasses.replace(job.replica_specs["worker"], min_replicas=1),
+        },
+    )
+    assert gang.min_member(bounded) == 2  # the chief and one worker
+    assert gang.build_pod_group(bounded, OWNER, gang.VOLCANO)["spec"] == {"minMember": 2}
+    explicit = dataclasses.replace(bounded, run_policy=make_job({"minAvailable": 3}).run_policy)
+    assert gang.min_member(explicit) == 3
 
 
 def test_pods_join_the_gang_of_each_scheduler():

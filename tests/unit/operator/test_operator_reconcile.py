@@ -56,8 +56,11 @@ class FakeApi:
 
     def __init__(self, job, pods):
         self.job, self.pods, self.calls = job, pods, []
+        self.config_maps: dict[str, dict] = {}  # the ones a pass writes after creating them
 
     async def get(self, path):
+        if "/configmaps/" in path:
+            return self.config_maps.get(path.rsplit("/", 1)[-1])
         return self.job
 
     async def list(self, path, selector):
@@ -65,6 +68,8 @@ class FakeApi:
 
     async def create(self, path, obj):
         self.calls.append(("create", obj["kind"], obj["metadata"]["name"]))
+        if obj["kind"] == "ConfigMap":
+            self.config_maps[obj["metadata"]["name"]] = obj
         return True
 
     async def delete(self, path, grace_seconds=None):
@@ -72,6 +77,11 @@ class FakeApi:
         return True
 
     async def merge_patch(self, path, patch):
+        if "/configmaps/" in path:
+            name = path.rsplit("/", 1)[-1]
+            self.calls.append(("patch", name, None))
+            self.config_maps[name] = {**self.config_maps[name], **patch}
+            return {}
         self.calls.append(("patch", path.rsplit("/", 1)[-1], patch["status"].get("state")))
         self.job = {**self.job, "status": patch["status"]}  # what the API server would keep
         return {}
@@ -153,6 +163,9 @@ def test_the_leaders_progress_annotation_reaches_the_status_once():
         "metrics": {"loss": 0.5},
         "lastReportTime": "2026-01-01T11:59:00Z",
     }
+    # folded into the job's metric history, created at the first report
+    history = api.config_maps["j-strategyjob-metrics"]["data"]["history.json"]
+    assert json.loads(history)["series"] == {"loss": [[5, 0.5]]}
     api.calls.clear()
     run(api)  # the same report: no write
     assert api.calls == []
