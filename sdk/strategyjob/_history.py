@@ -12,11 +12,17 @@ below a series' last one replaces that series' tail from that step on (as Tensor
 restarted run's orphaned points), so the curve continues from where the job resumed, never
 doubled. Only finite numbers are kept: a string, a NaN or an infinity (``report`` publishes
 those as strings) is left out of the series.
+
+:meth:`MetricHistory.to_json` keeps each series' sampling state (``sampling``: its stride and
+how many points left its tail), so that a history read back and added to thins exactly as one
+kept in memory: the operator reads, extends and writes one per report (a ConfigMap), and a
+history that restarted its sampling at every read would keep only its newest steps.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -81,6 +87,24 @@ class _Series:
     def points(self) -> list[Point]:
         return [*self.older, *self.recent]
 
+    def restore(self, points: list[Point], stride: int, left: int) -> bool:
+        """Take ``points`` (ascending steps) and the sampling state :meth:`to_json` wrote;
+        False, leaving the series empty, when they do not fit together."""
+        older_count = max(0, len(points) - self.recent_max)
+        steps = [s for s, _ in points]
+        if (
+            older_count > self.older_max
+            or stride < 1
+            or stride & (stride - 1)  # strides double from 1
+            or left < older_count
+            or any(a >= b for a, b in itertools.pairwise(steps))
+        ):
+            return False
+        self.older = points[:older_count]
+        self.recent = collections.deque(points[older_count:])
+        self.stride, self.left = stride, left
+        return True
+
 
 class MetricHistory:
     """Per metric name, its ``(step, value)`` points in ascending steps, bounded."""
@@ -129,6 +153,9 @@ class MetricHistory:
             "version": FORMAT_VERSION,
             "maxPoints": self.max_points,
             "series": {name: [[s, v] for s, v in pts] for name, pts in self.series().items()},
+            "sampling": {
+                name: [series.stride, series.left] for name, series in sorted(self._series.items())
+            },
         }
         return json.dumps(document, separators=(",", ":"))
 
@@ -149,8 +176,30 @@ class MetricHistory:
             )
         limit = document.get("maxPoints")
         history = cls(limit if isinstance(limit, int) and limit >= 2 else DEFAULT_MAX_POINTS)
+        sampling = document.get("sampling")
+        sampling = sampling if isinstance(sampling, dict) else {}
         for name, points in document["series"].items():
-            for point in points if isinstance(points, list) else ():
-                if isinstance(point, list) and len(point) == 2 and isinstance(point[0], int):
-                    history.add(point[0], {name: point[1]})
+            kept = [
+                (point[0], value)
+                for point in (points if isinstance(points, list) else ())
+                if isinstance(point, list)
+                and len(point) == 2
+                and isinstance(point[0], int)
+                and not isinstance(point[0], bool)
+                and (value := _finite(point[1])) is not None
+            ]
+            if not kept:
+                continue
+            state = sampling.get(name)
+            series = _Series(history.max_points)
+            if (
+                isinstance(state, list)
+                and len(state) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in state)
+                and series.restore(kept, state[0], state[1])
+            ):
+                history._series[str(name)] = series
+                continue
+            for step, value in kept:  # no state (or not this series'): sampled afresh
+                history.add(step, {name: value})
         return history

@@ -69,6 +69,33 @@ def test_the_file_round_trips_and_bad_files_say_what_is_wrong():
         MetricHistory(max_points=1)
 
 
+def test_a_history_read_back_at_every_report_thins_as_one_kept_in_memory():
+    """The operator reads, extends and writes the history at each report: its sampling state
+    travels in the JSON, or the older half would soon hold only the newest steps."""
+    kept, text = MetricHistory(max_points=40), MetricHistory(max_points=40).to_json()
+    for step in range(2_000):
+        kept.add(step, {"loss": step / 7})
+        again = MetricHistory.from_json(text)
+        again.add(step, {"loss": step / 7})
+        text = again.to_json()
+    assert MetricHistory.from_json(text).series() == kept.series()
+    assert text == kept.to_json()
+    assert kept.series()["loss"][0][0] == 0 and kept.series()["loss"][5][0] > 200
+
+
+def test_a_document_without_or_with_a_bad_sampling_state_is_sampled_afresh():
+    history = MetricHistory(max_points=10)
+    for step in range(50):
+        history.add(step, {"loss": float(step)})
+    document = json.loads(history.to_json())
+    for bad in (None, {"loss": [3, 40]}, {"loss": [2, 1]}, {"loss": "x"}):
+        document["sampling"] = bad
+        again = MetricHistory.from_json(json.dumps(document))
+        assert again.series() == history.series()  # few enough points: all kept
+    document["series"]["loss"].append([3, 1.0])  # steps out of order: re-added, tail rule
+    assert MetricHistory.from_json(json.dumps(document)).series()["loss"][-1] == (3, 1.0)
+
+
 @pytest.mark.parametrize("count", [0, 1, 2, 3, 9, 257, 1000])
 def test_thin_keeps_at_most_the_limit_and_always_the_newest(count):
     points = list(range(count))
