@@ -121,7 +121,7 @@ def cluster_config_map_name(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | Non
     name = jobspec.cluster_config_map_name(job.name)
     if tfjob is not None:
         cluster = jobspec.tfjob_cluster_spec(tfjob)
-    elif scaling.resizable(job, tfjob):  # its workers' count changes too (kubectl scale)
+    elif scaling.resizable(job, tfjob) or scaling.reforms(job, tfjob):  # kubectl scale
         cluster = jobspec.cluster_spec(jobspec.cluster_for_kubernetes(job))
     else:
         return name

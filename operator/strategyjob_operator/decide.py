@@ -143,16 +143,20 @@ def decide(
     *,
     lost_pod_seconds: float = DEFAULT_LOST_POD_SECONDS,
     optional_types: tuple[str, ...] = OPTIONAL_TYPES,
+    reforms: bool = False,
 ) -> Plan:
     """The next step for ``job``, given its current ``status``, the pods that exist
     (``replicas``) and the time ``now``. Pure: the caller carries the plan out.
     ``lost_pod_seconds``: how long a pod may be in phase Unknown before its replica fails.
+    ``reforms``: a change of the worker count re-forms the job (:func:`_reform`).
 
     Never raises for what a job or its status holds: a value no check foresaw fails the
     job once, with a Failed condition and Event naming the problem, instead of an
     exception on every pass that leaves the job stuck without a word."""
     try:
-        return _decide(job, generation, status, replicas, now, lost_pod_seconds, optional_types)
+        return _decide(
+            job, generation, status, replicas, now, lost_pod_seconds, optional_types, reforms
+        )
     except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as e:
         logger.exception("StrategyJob %s/%s: cannot decide", job.namespace, job.name)
         return _undecidable(job, generation, status, replicas, now, e)
@@ -202,6 +206,8 @@ class _Pass:
     draft: Draft
     finished: FinishedReplicas
     requeue: float | None = None
+    #: A change of the worker count re-forms the job (a MultiWorkerMirroredStrategy job).
+    reforms: bool = False
 
     @property
     def status(self) -> dict[str, Any]:
@@ -219,6 +225,7 @@ def _decide(
     now: datetime,
     lost_after: float = DEFAULT_LOST_POD_SECONDS,
     optional_types: tuple[str, ...] = OPTIONAL_TYPES,
+    reforms: bool = False,
 ) -> Plan:
     """The decision ladder: a finished job is cleaned up; otherwise each phase in turn either
     returns the plan (it decided) or None (the next phase decides), and the last one keeps the
@@ -227,7 +234,15 @@ def _decide(
     if cond.is_true(conds, c.SUCCEEDED) or cond.is_true(conds, c.FAILED):
         return decide_finished(job, status, replicas, now)
     p = _open_pass(job, generation, status, conds, replicas, now, lost_after, optional_types)
-    for phase in (_suspend_or_start, _past_deadline, _succeeded, _failed, _pending_too_long):
+    p.reforms = reforms
+    for phase in (
+        _suspend_or_start,
+        _past_deadline,
+        _succeeded,
+        _reform,
+        _failed,
+        _pending_too_long,
+    ):
         plan = phase(p)
         if plan is not None:
             return plan
@@ -324,6 +339,31 @@ def _succeeded(p: _Pass) -> Plan | None:
     return p.draft.finish(p.replicas, succeeded=True, reason=c.REASON_SUCCEEDED, message=msg)
 
 
+def _reform(p: _Pass) -> Plan | None:
+    """A MultiWorkerMirroredStrategy job whose worker count changed (``kubectl scale``)
+    re-forms at the new size: every pod is stopped (SIGTERM: ``strategyjob.train`` and the
+    preemption handler save a checkpoint at the next step boundary), then the new group is
+    created and resumes from it. Not a failure: counted in ``status.resizes``."""
+    job, st = p.job, p.status
+    before, wanted = st.get("workers"), job.num_replicas("worker")
+    if not (p.reforms and st["launched"] and isinstance(before, int)):
+        return None
+    if before == wanted:
+        return None
+    st["launched"] = False
+    st["resizes"] = as_count(st.get("resizes", 0)) + 1
+    msg = (
+        f"StrategyJob {job.name} re-forms with {wanted} workers (it ran {before}): every pod "
+        "stops, saving a checkpoint at its next step boundary, and the job resumes from it "
+        "(not counted against backoffLimit)."
+    )
+    p.draft.set(c.RESIZING, True, c.REASON_RESIZING, msg)
+    p.draft.event("Normal", c.REASON_RESIZING, msg)
+    forget_finished(st["replicaStatuses"])
+    doomed = tuple(sorted(r.name for r in p.replicas.values() if not r.terminating))
+    return p.draft.plan(Action.RESTART_JOB, delete_pods=doomed, requeue_after=p.requeue)
+
+
 def _failed(p: _Pass) -> Plan | None:
     """Failures, root cause first. An evaluator never fails the job nor uses its budget."""
     launched = bool(p.status["launched"])
@@ -392,6 +432,15 @@ def _create_or_run(p: _Pass) -> Plan:
             st["launched"] = True
             msg = f"All {job.total_replicas} pods of {job.name} exist."
             draft.event("Normal", c.REASON_PODS_CREATED, msg)
+    if p.reforms and (st["launched"] or action is Action.CREATE):
+        st["workers"] = job.num_replicas("worker")  # the group its pods form
+    if cond.is_true(draft.conditions, c.RESIZING) and st["launched"] and not missing:
+        draft.set(
+            c.RESIZING,
+            False,
+            c.REASON_RESIZED,
+            f"StrategyJob {job.name} runs {job.num_replicas('worker')} workers.",
+        )
     running = sum(v["ready"] for v in st["replicaStatuses"].values())
     if st["launched"] and running > 0 and not cond.is_true(draft.conditions, c.RUNNING):
         draft.set(c.RUNNING, True, c.REASON_RUNNING, f"StrategyJob {job.name} is running.")

@@ -343,6 +343,10 @@ class Reconciler:
         elif loaded.tfjob is not None and scaling.scaled(status, generation, suspended):
             if await self._scale(loaded, job_obj, pods, status):
                 return SCALE_RETRY_SECONDS  # decide once the new pods are there
+        elif scaling.reforms(job, loaded.tfjob) and (gone := scaling.surplus(job, pods, uid or "")):
+            # scaled down: the workers above the new count stop with the rest (decide's
+            # re-forming) and are not made again
+            await self._delete_pods(namespace, [n for n, _ in gone], uids=dict(gone))
         replicas = observe.observe(job, pods, uid)
         replicas, seen = observe.stamp_unknown(
             replicas, self._unknown_seen.pop(key, {}), decide.timestamp(now)
@@ -358,6 +362,7 @@ class Reconciler:
             now,
             lost_pod_seconds=self.settings.lost_pod_seconds,
             optional_types=loaded.optional_types,
+            reforms=scaling.reforms(job, loaded.tfjob),
         )
         if plan.action is not decide.Action.NONE:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
@@ -434,7 +439,8 @@ class Reconciler:
                 extra_events.append(event)
             if blocked:
                 retry = min(retry or BLOCKED_RETRY_SECONDS, BLOCKED_RETRY_SECONDS)
-        if members is not None or cond.is_true(plan_status.get("conditions") or [], c.RESIZING):
+        resizing = cond.is_true(plan_status.get("conditions") or [], c.RESIZING)
+        if scaling.resizable(job, loaded.tfjob) and (members is not None or resizing):
             held = scaling.resize_condition(job, members)
             plan_status = dict(plan_status)
             if members is not None:

@@ -16,9 +16,10 @@ from strategyjob_operator.plan import as_count
 
 
 def restart_attempt(status: Mapping[str, Any]) -> int:
-    """The run the job's new pods belong to: its restarts plus its preemption restarts
-    (``STRATEGYJOB_RESTART_ATTEMPT`` and the ``restart-attempt`` label of its pods)."""
-    return as_count(status.get("restartCount", 0)) + as_count(status.get("preemptions", 0))
+    """The run the job's new pods belong to: its restarts plus its preemption restarts and
+    re-formings at a new size (``STRATEGYJOB_RESTART_ATTEMPT`` and the ``restart-attempt``
+    label of its pods)."""
+    return sum(as_count(status.get(k, 0)) for k in ("restartCount", "preemptions", "resizes"))
 
 
 def format_indexes(indexes: Iterable[int]) -> str:

@@ -84,6 +84,13 @@ def added(job: jobspec.StrategyJob, services: Iterable[Mapping[str, Any]]) -> li
 # --- a ParameterServerStrategy StrategyJob's workers ------------------------------------------
 
 
+def reforms(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None) -> bool:
+    """Whether a change of the job's worker count re-forms it: every pod stops (saving its
+    checkpoint at the next step boundary) and the job resumes at the new size. A TFJob's
+    ``replicas`` edits follow training-operator instead (:func:`surplus`, :func:`added`)."""
+    return tfjob is None and job.strategy == "MultiWorkerMirroredStrategy"
+
+
 def resizable(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None) -> bool:
     """Whether the job's workers may join and leave while it runs (the CRD lets only these
     change their count)."""

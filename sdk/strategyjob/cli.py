@@ -168,6 +168,25 @@ def _add_cluster_commands(commands: Any) -> None:
     )
     logs.set_defaults(handler=_logs)
 
+    scale = commands.add_parser(
+        "scale",
+        parents=[common],
+        help="resize a running ParameterServerStrategy job's workers",
+        description=(
+            "Ask for N workers, as kubectl scale sjob/NAME --replicas=N does: the workers of a "
+            "ParameterServerStrategy job join and leave while it trains, with no restart "
+            "(bounded by the worker spec's minReplicas and maxReplicas). With --local, the job "
+            "strategyjob run runs on this machine: new worker processes start, removed ones "
+            "stop, and the line the launcher says is printed."
+        ),
+    )
+    scale.add_argument("name", metavar="NAME")
+    scale.add_argument("--replicas", type=int, required=True, metavar="N", help="workers")
+    scale.add_argument(
+        "--local", action="store_true", help="the job strategyjob run runs on this machine"
+    )
+    scale.set_defaults(handler=_scale)
+
     metrics = commands.add_parser(
         "metrics",
         parents=[common],
@@ -250,6 +269,25 @@ def _metrics(args: argparse.Namespace) -> int:
         print(metrics_table(series))
     else:
         print(f"No metric in {where}.", file=sys.stderr)
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if args.local:
+        from strategyjob.launcher import request_resize
+
+        ok, message = request_resize(args.name, args.replicas)
+        print(
+            message if ok else f"strategyjob scale: {message}",
+            file=sys.stdout if ok else sys.stderr,
+        )
+        return 0 if ok else 1
+    with _client(args) as client:
+        job = client.scale(args.name, args.replicas)
+    print(
+        f"StrategyJob {job.name}: {args.replicas} workers asked for; they join as their pods "
+        f"become Ready (strategyjob status {job.name}, kubectl get sjob {job.name} -o wide)"
+    )
     return 0
 
 

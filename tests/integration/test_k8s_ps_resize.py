@@ -136,3 +136,60 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     assert (
         scale_view["status"]["selector"] == job["status"]["replicaStatuses"]["worker"]["selector"]
     )
+
+
+def test_a_mwms_job_re_forms_at_each_new_size_from_its_checkpoint(kube, operator, control_plane):
+    """MultiWorkerMirroredStrategy cannot lose or gain a member while it runs: a resize stops
+    every pod (each saves its checkpoint at the next step boundary on SIGTERM) and creates
+    the group at the new size, which resumes from it; not counted as a restart."""
+    cp = control_plane
+
+    def group(count: int, attempt: int) -> None:
+        pods = kube.wait_pods("mwms", count)
+        raw = {p["metadata"]["name"]: p for p, _ in kube.raw_pods("mwms")}
+        for name in sorted(pods):
+            labels = raw[name]["metadata"]["labels"]
+            assert labels["strategyjob.dev/restart-attempt"] == str(attempt), name
+            env = kube.container_env(raw[name])
+            assert env["WORLD_SIZE"] == str(count)
+            assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) == count
+            make_ready(kube, name)
+
+    kube.create_job(manifest("mwms", "MultiWorkerMirroredStrategy", {"worker": 2}))
+    group(2, 0)
+    kube.wait_condition("mwms", "Running")
+    wait_for("status.workers 2", lambda: kube.job("mwms")["status"].get("workers") == 2)
+    before = uids_of(kube, "mwms")
+
+    done = cp.kubectl("scale", "sjob/mwms", "--replicas=3", "-n", kube.ns)
+    assert done.returncode == 0, done.stderr
+    wait_for(
+        "the old group gone",
+        lambda: not set(before.values()) & set(uids_of(kube, "mwms").values()),
+    )
+    events = kube.wait_events("mwms", "Resizing")
+    assert any("re-forms with 3 workers (it ran 2)" in e.message for e in events)
+    group(3, 1)
+    settled = wait_for(
+        "Resizing False",
+        lambda: (r := condition_of(kube, "mwms", "Resizing")) and r["status"] == "False" and r,
+    )
+    assert settled["message"] == "StrategyJob mwms runs 3 workers."
+    status = kube.job("mwms")["status"]
+    assert (status["workers"], status.get("resizes"), status.get("restartCount", 0)) == (3, 1, 0)
+
+    done = cp.kubectl("scale", "sjob/mwms", "--replicas=2", "-n", kube.ns)
+    assert done.returncode == 0, done.stderr
+    wait_for("worker-2 gone", lambda: "mwms-worker-2" not in kube.pods("mwms"))
+    group(2, 2)
+    wait_for("status.workers 2 again", lambda: kube.job("mwms")["status"].get("workers") == 2)
+    assert not kube.condition("mwms", "Failed")
+
+
+def uids_of(kube, job: str) -> dict[str, str]:
+    return {name: pod.metadata.uid for name, pod in kube.pods(job).items()}
+
+
+def condition_of(kube, job: str, kind: str) -> dict | None:
+    conds = ((kube.job(job) or {}).get("status") or {}).get("conditions") or []
+    return next((x for x in conds if x["type"] == kind), None)

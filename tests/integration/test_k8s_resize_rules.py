@@ -55,18 +55,17 @@ def test_kubectl_scale_resizes_the_workers_of_a_ps_job(own_kube, control_plane):
     assert kube.job("elastic")["spec"]["replicaSpecs"]["worker"]["replicas"] == 1
 
 
-def test_a_collective_job_cannot_be_resized_yet(own_kube, control_plane):
+def test_a_tpu_job_cannot_be_resized_yet(own_kube, control_plane):
     kube, cp = own_kube, control_plane
-    kube.create_job(
-        manifest("mwms", "MultiWorkerMirroredStrategy", {"worker": 2}, run_policy={"suspend": True})
-    )
-    done = scale(cp, kube, "mwms", 3)
+    kube.create_job(manifest("tpu", "TPUStrategy", {"worker": 2}, run_policy={"suspend": True}))
+    done = scale(cp, kube, "tpu", 3)
     assert done.returncode != 0
     assert (
-        "spec.replicaSpecs.worker.replicas: a MultiWorkerMirroredStrategy job cannot be resized "
-        "yet; only the workers of a ParameterServerStrategy job join and leave while it runs."
+        "spec.replicaSpecs.worker.replicas: a TPUStrategy job cannot be resized yet; only "
+        "ParameterServerStrategy (workers join and leave) and MultiWorkerMirroredStrategy "
+        "(re-formed from its checkpoint) jobs can."
     ) in done.stderr
-    assert kube.job("mwms")["spec"]["replicaSpecs"]["worker"]["replicas"] == 2
+    assert kube.job("tpu")["spec"]["replicaSpecs"]["worker"]["replicas"] == 2
 
 
 @pytest.mark.parametrize("replica_type", ["chief", "ps"])
@@ -136,3 +135,25 @@ def test_a_finished_job_cannot_be_resized(own_kube, control_plane):
         "spec.replicaSpecs.worker.replicas: the job has finished, and a finished job cannot be "
         "resized. Create a new job."
     ) in done.stderr
+
+
+def test_the_client_and_cli_scale_as_kubectl_does(own_kube, control_plane):
+    from strategyjob.client import StrategyJobClient
+    from strategyjob.errors import ClusterError
+    from test_k8s_client import cli
+
+    kube, cp = own_kube, control_plane
+    kube.create_job(ps_job("viaclient", 2, minReplicas=1, maxReplicas=4))
+    with StrategyJobClient(kubeconfig=cp.kubeconfig, namespace=kube.ns) as client:
+        job = client.scale("viaclient", 3)
+        assert job.raw["spec"]["replicaSpecs"]["worker"]["replicas"] == 3
+        with pytest.raises(ClusterError) as err:
+            client.scale("viaclient", 9)
+        assert "above maxReplicas 4 (got 9)" in str(err.value)
+        assert "\n" not in str(err.value)
+    done = cli(cp, kube, "scale", "viaclient", "--replicas", "4")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("StrategyJob viaclient: 4 workers asked for")
+    assert kube.job("viaclient")["spec"]["replicaSpecs"]["worker"]["replicas"] == 4
+    refused = cli(cp, kube, "scale", "viaclient", "--replicas", "0")
+    assert refused.returncode != 0 and "below minReplicas 1 (got 0)" in refused.stderr

@@ -99,15 +99,13 @@ def test_api_server_rejects_names_too_long_for_pods(kube):
 
 @pytest.mark.timeout(60)
 def test_topology_is_immutable(kube):
-    kube.create_job(
-        manifest("imm", "MultiWorkerMirroredStrategy", {"worker": 2}, run_policy={"suspend": True})
-    )
+    kube.create_job(manifest("imm", "TPUStrategy", {"worker": 2}, run_policy={"suspend": True}))
     with pytest.raises(ApiException) as err:
         kube.patch_job("imm", {"spec": {"strategy": "ParameterServerStrategy"}})
     assert "spec.strategy cannot be changed after the job is created" in err.value.body
     with pytest.raises(ApiException) as err:
         kube.patch_job("imm", {"spec": {"replicaSpecs": {"worker": {"replicas": 3}}}})
-    assert "a MultiWorkerMirroredStrategy job cannot be resized yet" in err.value.body
+    assert "a TPUStrategy job cannot be resized yet" in err.value.body
 
 
 @pytest.mark.timeout(240)

@@ -108,7 +108,7 @@ class FakeSupervisor(ProcessSupervisor):
         for key in sorted(self._running):
             self._exit(key, -signal.SIGKILL)
 
-    def forget(self) -> None:
+    def forget(self, keys=None) -> None:
         assert not self._running, "forget() with replicas still running"
         self.log.append("forget")
         self._exits.clear()

@@ -494,7 +494,10 @@ def test_interrupt_leaves_no_process_behind(tmp_path, signum):
         wait_until(lambda: all((tmp_path / f"{r}.pids").exists() for r in roles), 30, "replicas")
         pids = recorded_pids(tmp_path, roles)
         assert all(alive(pid) for pid in pids)
-        assert [p.name.startswith("strategyjob-demo-") for p in temp.iterdir()] == [True]
+        # the run's progress directory, and its control directory (strategyjob scale --local)
+        progress, runs = sorted(temp.iterdir())
+        assert progress.name.startswith("strategyjob-demo-"), progress
+        assert [p.name for p in runs.iterdir()] == ["demo"] and runs.name == "strategyjob-runs"
         launcher.send_signal(signum)
         output, _ = launcher.communicate(timeout=30)
     finally:

@@ -184,6 +184,25 @@ class StrategyJobClient:
             namespace=ns,
         )
 
+    def scale(self, name: str, replicas: int, namespace: str | None = None) -> SubmittedJob:
+        """Ask for ``replicas`` workers, as ``kubectl scale sjob/NAME --replicas=N`` does (the
+        CRD's scale subresource): a ParameterServerStrategy job's workers join and leave while
+        it runs; the API server refuses, in one line (ClusterError), what the job cannot take."""
+        ns = namespace or self.namespace
+        self._call(
+            self._custom.patch_namespaced_custom_object_scale,
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            name,
+            {"spec": {"replicas": replicas}},
+            action="scale",
+            name=name,
+            namespace=ns,
+        )
+        return self.get(name, ns)
+
     def metrics(
         self, name: str, namespace: str | None = None
     ) -> dict[str, builtins.list[tuple[int, float]]]:

@@ -1,6 +1,7 @@
 """The local launcher behind ``strategyjob run``: one process per replica on this
 machine, with the environment the operator injects in a cluster. Torch-free."""
 
+from strategyjob.launcher._control import request_resize
 from strategyjob.launcher._decision import (
     Decision,
     Failure,
@@ -58,6 +59,7 @@ __all__ = [
     "is_retryable",
     "local_cluster",
     "local_replica_limit",
+    "request_resize",
     "run_file",
     "run_job",
 ]

@@ -6,6 +6,7 @@ import math
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from strategyjob._names import ENV_CLUSTER_FILE
 from strategyjob.jobspec import (
     ENV_PROGRESS_FILE,
     ENV_TOKEN,
@@ -33,6 +35,8 @@ from strategyjob.jobspec import (
     tfjob_replica_env,
     with_generated_name,
 )
+from strategyjob.launcher import _resize
+from strategyjob.launcher._control import ResizeInbox, ResizeRequest
 from strategyjob.launcher._decision import (
     Decision,
     Failure,
@@ -43,10 +47,12 @@ from strategyjob.launcher._decision import (
 )
 from strategyjob.launcher._output import Console, ProgressFile, format_elapsed, format_report
 from strategyjob.launcher._plan import (
+    LOCAL_HOST,
     ReplicaEnv,
     ReplicaLaunch,
     build_launches,
     check_runnable,
+    free_ports,
     ignored_template_fields,
     local_cluster,
     reserve_open_files,
@@ -97,6 +103,14 @@ class RunOptions:
                 raise ValueError(
                     f"RunOptions({name}={value!r}): must be a number of seconds, 0 or more; e.g. 10"
                 )
+
+
+class _ResizeFailed(Exception):
+    """A local resize that could not be done (the job runs on as it was)."""
+
+
+#: How long a resize waits for a new worker's server to listen.
+_LISTEN_SECONDS = 60.0
 
 
 class _Interrupted(Exception):
@@ -219,12 +233,23 @@ class _JobRun:
             ENV_TOKEN: secrets.token_urlsafe(32),
             ENV_PROGRESS_FILE: self.progress.path,
         }
+        # A ParameterServerStrategy chief follows the workers in this file, which a local
+        # resize (strategyjob scale --local) rewrites; other strategies are refused one.
+        self.cluster_file = Path(self.progress_dir) / "cluster.json"
+        if job.strategy == _resize.RESIZABLE_STRATEGY:
+            self.job_env[ENV_CLUSTER_FILE] = str(self.cluster_file)
+        self.cluster: dict[str, list[str]] = {}
+        self.launches: dict[ReplicaKey, ReplicaLaunch] = {}
+        self.inbox: ResizeInbox | None = None
 
     # -- top level ------------------------------------------------------------------------------
     def run(self) -> int:
         try:
+            self.inbox = ResizeInbox(self.job.name)
             return self._run()
         finally:
+            if self.inbox is not None:
+                self.inbox.close()
             self._save_metrics()
             shutil.rmtree(self.progress_dir, ignore_errors=True)
 
@@ -254,7 +279,7 @@ class _JobRun:
                 f"templates of {', '.join(types)}: {', '.join(fields)}; every replica runs in "
                 f"{self.workdir}, with this machine's files, user and resources"
             )
-        launches = self._start_all()
+        self.launches = self._start_all()
         while True:
             decision = self._wait_for_decision()
             if decision.phase is Phase.RUNNING:
@@ -279,7 +304,7 @@ class _JobRun:
                     "backoffLimit)"
                 )
                 for key in decision.restart:
-                    self.supervisor.start(launches[key])
+                    self.supervisor.start(self.launches[key])
                 continue
             self.restarts += 1
             limit = self.job.run_policy.backoff_limit
@@ -289,7 +314,7 @@ class _JobRun:
                     f"(restart {self.restarts} of {limit})"
                 )
                 for key in decision.restart:
-                    self.supervisor.start(launches[key])
+                    self.supervisor.start(self.launches[key])
             else:
                 self.say(
                     f"{decision.reason}; restarting the whole job "
@@ -298,7 +323,7 @@ class _JobRun:
                 self.supervisor.stop(grace=self.grace)
                 self.supervisor.forget()
                 self.given_up.clear()  # the new run starts every replica
-                launches = self._start_all()
+                self.launches = self._start_all()
 
     def _start_all(self) -> dict[ReplicaKey, ReplicaLaunch]:
         cluster = local_cluster(self.job)
@@ -310,6 +335,9 @@ class _JobRun:
             restart_attempt=self.restarts,
             env_of=self.env_of,
         )
+        self.cluster = cluster
+        if ENV_CLUSTER_FILE in self.job_env:
+            self.cluster_file.write_text(_resize.cluster_file(cluster), encoding="utf-8")
         addresses = ", ".join(
             f"{launch.name} ({cluster[launch.replica_type][launch.index]})" for launch in launches
         )
@@ -333,7 +361,94 @@ class _JobRun:
             self._show_status()
             if decision.phase is not Phase.RUNNING:
                 return decision
+            self._serve_resize()
             self.supervisor.wait(_STATUS_REFRESH_SECONDS)
+
+    # -- a local resize (strategyjob scale NAME --replicas N --local) ---------------------------
+    def _serve_resize(self) -> None:
+        request = self.inbox.take() if self.inbox is not None else None
+        if request is None:
+            return
+        why = _resize.refusal(self.job, request.replicas, tfjob=self.env_of is not None)
+        if why is not None:
+            self._answer(request, False, f"resize to {request.replicas!r} workers refused: {why}")
+            return
+        assert isinstance(request.replicas, int)
+        try:
+            self._answer(request, True, self._resize(request.replicas))
+        except _ResizeFailed as e:
+            self._answer(request, False, str(e))
+
+    def _answer(self, request: ResizeRequest, ok: bool, message: str) -> None:
+        self.console.clear_status()
+        self.say(message)
+        if self.inbox is not None:
+            self.inbox.answer(request, ok, message)
+
+    def _resize(self, replicas: int) -> str:
+        """Start the new workers (the chief is told once they listen) or tell the chief of
+        the ones that go (then stop them); nothing else is touched."""
+        before = self.job.num_replicas("worker")
+        if replicas == before:
+            return f"job {self.job.name} already runs {before} workers"
+        job = _resize.with_workers(self.job, replicas)
+        workers = self.cluster["worker"]
+        if replicas > before:
+            added = [f"{LOCAL_HOST}:{port}" for port in free_ports(replicas - before)]
+            cluster = {**self.cluster, "worker": [*workers, *added]}
+            launches = build_launches(
+                job,
+                self.workdir,
+                cluster,
+                job_env=self.job_env,
+                restart_attempt=self.restarts,
+                env_of=self.env_of,
+            )
+            new = [x for x in launches if x.replica_type == "worker" and x.index >= before]
+            for launch in new:
+                self.supervisor.start(launch)
+            self._wait_listening(new, cluster)
+            self.launches.update({launch.key: launch for launch in new})
+            what = "started " + ", ".join(f"{x.name} ({cluster['worker'][x.index]})" for x in new)
+        else:
+            cluster = {**self.cluster, "worker": workers[:replicas]}
+        self.cluster_file.write_text(_resize.cluster_file(cluster), encoding="utf-8")
+        if replicas < before:  # the chief was told first: it sends them nothing more
+            gone = [("worker", i) for i in range(replicas, before)]
+            self.supervisor.stop(gone, grace=self.grace)
+            self.supervisor.forget(gone)
+            for key in gone:
+                self.launches.pop(key, None)
+            what = "stopped " + _names(gone)
+        self.job, self.cluster = job, cluster
+        return f"job {self.job.name}: workers {before} -> {replicas}; {what}"
+
+    def _wait_listening(self, launches: list[ReplicaLaunch], cluster: Mapping[str, Any]) -> None:
+        """Until every new worker's server accepts connections (the chief gives a worker it
+        cannot reach up); a worker that exits first, or stays silent 60 s, fails the resize
+        and is stopped."""
+        deadline = time.monotonic() + _LISTEN_SECONDS
+        waiting = {x.key: cluster["worker"][x.index] for x in launches}
+        while waiting:
+            for key, address in list(waiting.items()):
+                host, port = address.rsplit(":", 1)
+                try:
+                    socket.create_connection((host, int(port)), timeout=0.5).close()
+                    del waiting[key]
+                except OSError:
+                    pass
+            gone = [k for k in waiting if k in self.supervisor.exits()]
+            late = waiting and time.monotonic() > deadline
+            if gone or late:
+                self.supervisor.stop([x.key for x in launches], grace=self.grace)
+                self.supervisor.forget([x.key for x in launches])
+                why = "exited" if gone else f"did not listen within {_LISTEN_SECONDS:.0f} s"
+                raise _ResizeFailed(
+                    f"resize of job {self.job.name} failed: {_names(gone or waiting)} {why}; "
+                    "the job runs on with its workers"
+                )
+            if waiting:
+                time.sleep(0.1)
 
     # -- endings --------------------------------------------------------------------------------
     def _finish_succeeded(self, decision: Decision) -> int:

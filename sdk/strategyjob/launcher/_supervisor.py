@@ -67,8 +67,9 @@ class ProcessSupervisor(abc.ABC):
         """SIGKILL every replica now, without a grace period (safe from a signal handler)."""
 
     @abc.abstractmethod
-    def forget(self) -> None:
-        """Drop every (stopped) replica and its exit before the job is started again."""
+    def forget(self, keys: Iterable[ReplicaKey] | None = None) -> None:
+        """Drop the (stopped) replicas among ``keys`` (all by default) and their exits: before
+        the job is started again, or the workers a resize removed."""
 
 
 @dataclass
@@ -199,8 +200,12 @@ class LocalProcessSupervisor(ProcessSupervisor):
         for replica in list(self._replicas.values()):
             _signal_group(replica, signal.SIGKILL)
 
-    def forget(self) -> None:
-        """Drop every (stopped) replica before the job is started again."""
+    def forget(self, keys: Iterable[ReplicaKey] | None = None) -> None:
+        """Drop the (stopped) replicas among ``keys``, every one by default."""
+        if keys is not None:
+            for key in keys:
+                self._replicas.pop(key, None)
+            return
         self._replicas.clear()
         self._changed.clear()
 

@@ -98,6 +98,8 @@ def run(api):
 def test_first_pass_creates_service_and_pods_then_writes_status_once_then_events():
     api = FakeApi(job_obj(), [])
     run(api)
+    api.created_config_map = next(n for v, k, n in api.calls if k == "ConfigMap")
+    assert api.created_config_map.startswith("j-strategyjob-cluster-")  # one per worker count
     assert api.calls == [
         # the job's Service, security objects and ConfigMap first (pods reference the
         # ServiceAccount, the Secret and the ConfigMap)
@@ -107,7 +109,7 @@ def test_first_pass_creates_service_and_pods_then_writes_status_once_then_events
         ("create", "RoleBinding", "j-strategyjob-sa"),
         ("create", "Secret", "j-u-strategyjob-token"),
         ("create", "NetworkPolicy", "j"),
-        ("create", "ConfigMap", "j-strategyjob-cluster"),
+        ("create", "ConfigMap", api.created_config_map),  # <job>-strategyjob-cluster-<hash>
         ("create", "Pod", "j-worker-0"),
         ("create", "Pod", "j-worker-1"),
         ("patch", "status", "Created"),

@@ -1,0 +1,46 @@
+"""The pure rules of a local resize (``strategyjob scale NAME --replicas N --local``, issue 30):
+which requests are refused, the job at its new size, and the cluster file the chief follows.
+The launcher (:mod:`._runner`) starts and stops the processes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+
+from strategyjob.jobspec import StrategyJob
+from strategyjob.jobspec import messages as msg
+
+#: The strategy whose workers join and leave a running job (the CRD's rule too).
+RESIZABLE_STRATEGY = "ParameterServerStrategy"
+
+
+def refusal(job: StrategyJob, replicas: object, tfjob: bool = False) -> str | None:
+    """Why ``replicas`` workers cannot be asked of the running ``job`` (None: they can), in
+    the words the API server uses for a cluster job."""
+    if tfjob:
+        return "a TFJob run by strategyjob run cannot be resized; run it as a StrategyJob"
+    if job.strategy != RESIZABLE_STRATEGY:
+        return (
+            f"a {job.strategy} job run by strategyjob run cannot be resized; only the workers "
+            f"of a {RESIZABLE_STRATEGY} job join and leave a local run"
+        )
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        return f"--replicas must be a whole number of workers, 1 or more (got {replicas!r})"
+    spec = job.replica_specs["worker"]
+    if spec.min_replicas is not None and replicas < spec.min_replicas:
+        return msg.BELOW_MIN_REPLICAS.format(value=replicas, minimum=spec.min_replicas)
+    if spec.max_replicas is not None and replicas > spec.max_replicas:
+        return msg.ABOVE_MAX_REPLICAS.format(value=replicas, maximum=spec.max_replicas)
+    return None
+
+
+def with_workers(job: StrategyJob, replicas: int) -> StrategyJob:
+    """``job`` with ``replicas`` workers."""
+    worker = dataclasses.replace(job.replica_specs["worker"], replicas=replicas)
+    return dataclasses.replace(job, replica_specs={**job.replica_specs, "worker": worker})
+
+
+def cluster_file(cluster: Mapping[str, list[str]]) -> str:
+    """What ``STRATEGYJOB_CLUSTER_FILE`` holds: TF_CONFIG's cluster (no evaluator)."""
+    return json.dumps({t: list(a) for t, a in cluster.items() if t != "evaluator" and a})
