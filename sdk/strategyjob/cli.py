@@ -381,9 +381,13 @@ def _status(args: argparse.Namespace) -> int:
     with _client(args) as client:
         redraw = args.watch and sys.stdout.isatty()
         last = None
+        seen: object = None  # the progress the curves were drawn for
+        drawn = ""
         while True:
             job = client.get(args.name)
-            report = status_report(job, client.replicas(args.name))
+            if redraw and job.progress and job.progress != seen:  # a new report: new points
+                seen, drawn = job.progress, _drawn_history(client, args.name)
+            report = status_report(job, client.replicas(args.name), curves=drawn)
             if redraw:
                 sys.stdout.write("\x1b[H\x1b[2J" + report + "\n")  # home, clear screen
                 sys.stdout.flush()
@@ -395,6 +399,19 @@ def _status(args: argparse.Namespace) -> int:
             if job.finished:
                 return 0 if job.state == "Succeeded" else 1
             time.sleep(max(args.interval, 0.1))
+
+
+def _drawn_history(client: Any, name: str) -> str:
+    """The job's metric history as curves fitting the terminal (``status --watch``); a
+    history that cannot be read is one line there, never the end of the watch."""
+    from strategyjob.client._curves import curves
+
+    try:
+        series = client.metrics(name)
+    except ClusterError as e:
+        return f"curves: {_one_line(str(e))}"
+    width = min(shutil.get_terminal_size().columns, 120)
+    return curves(series, width=width, height=6) if series else ""
 
 
 def _logs(args: argparse.Namespace) -> int:

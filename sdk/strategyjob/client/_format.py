@@ -154,10 +154,13 @@ def _phase(replica: ReplicaInfo) -> str:
 
 
 def status_report(
-    job: SubmittedJob, replicas: Sequence[ReplicaInfo], now: datetime | None = None
+    job: SubmittedJob,
+    replicas: Sequence[ReplicaInfo],
+    now: datetime | None = None,
+    curves: str = "",
 ) -> str:
-    """What ``strategyjob status`` prints: the job's state line, its progress, a row per
-    replica and its conditions."""
+    """What ``strategyjob status`` prints: the job's state line, its progress (then
+    ``curves``, the metrics drawn, when given), a row per replica and its conditions."""
     now = now or datetime.now(UTC)
     header = (
         f"StrategyJob {job.name}  namespace {job.namespace}  {job.strategy}\n"
@@ -167,7 +170,8 @@ def status_report(
         f"progress: {format_progress(job.progress, now)}"
     )
     replica_rows = [(r.name, r.replica_type, r.index, _phase(r), r.restarts) for r in replicas]
-    parts = [header, table(("NAME", "TYPE", "INDEX", "PHASE", "RESTARTS"), replica_rows)]
+    parts = [header, *([curves] if curves else [])]
+    parts.append(table(("NAME", "TYPE", "INDEX", "PHASE", "RESTARTS"), replica_rows))
     if job.conditions:
         condition_rows = [
             (c.type, c.status, c.reason or "-", format_age(c.last_transition_time, now), c.message)

@@ -6,8 +6,10 @@ tests/integration/test_k8s_client.py."""
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,88 @@ def test_status_watch_exits_0_on_success_and_status_alone_draws_once(use, capsys
     use(FakeClient([job("Running"), job("Succeeded")]))
     assert cli.main(["status", "mnist"]) == 0
     assert capsys.readouterr().out.count("state: Running") == 2
+
+
+def reporting(state, step):
+    raw = job(state).raw
+    progress = {"step": step, "totalSteps": 40, "percentage": step * 2.5, "metrics": {"loss": 1}}
+    return SubmittedJob({**raw, "status": {**raw["status"], "progress": progress}})
+
+
+class HistoryClient(FakeClient):
+    """Serves the history of the progress last served, as the operator keeps it."""
+
+    def __init__(self, states):
+        super().__init__(states)
+        self.history_reads = 0
+        self.step = 0
+
+    def get(self, name):
+        served = super().get(name)
+        self.step = served.progress["step"]
+        return served
+
+    def metrics(self, name):
+        self.history_reads += 1
+        return {"loss": [(s, 1 / s) for s in range(10, self.step + 1, 10)]}
+
+
+def watch_in_a_terminal(monkeypatch, fake) -> list[str]:
+    """``strategyjob status mnist --watch`` with a real pseudo-terminal as stdout, 60 columns
+    wide; the screens it drew, each after its clear-screen."""
+    master, replica = pty.openpty()
+    terminal = os.fdopen(replica, "w", encoding="utf-8")
+    received = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal closed
+                return
+            if not chunk:
+                return
+            received.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(cli, "_client", lambda args: fake)
+    monkeypatch.setenv("COLUMNS", "60")
+    try:
+        assert cli.main(["status", "mnist", "--watch", "--interval", "0"]) == 0
+    finally:
+        terminal.close()
+        reader.join(10)
+        os.close(master)
+    return received.decode().replace("\r\n", "\n").split("\x1b[H\x1b[2J")[1:]
+
+
+@pytest.mark.timeout(30)
+def test_status_watch_in_a_terminal_draws_the_curves_under_the_progress(monkeypatch):
+    """The curves under the progress line, redrawn from a history read again only when a
+    new report arrived."""
+    states = [reporting("Running", s) for s in (10, 10, 20, 20)] + [reporting("Succeeded", 30)]
+    fake = HistoryClient(states)
+    screens = watch_in_a_terminal(monkeypatch, fake)
+    assert fake.history_reads == 3  # steps 10, 20 and 30: not at every redraw
+    assert len(screens) == 5
+    last = screens[-1].splitlines()
+    progress = next(i for i, line in enumerate(last) if line.startswith("progress: "))
+    assert last[progress + 2] == "loss  last 0.03333 at step 30"
+    assert last[progress + 3] == "    0.1 │" + "█" * 10  # steps 10 to 19: a column each
+    assert last.index("NAME  TYPE  INDEX  PHASE  RESTARTS") > progress + 9
+    assert "loss  last 0.05 at step 20" in screens[2]
+
+
+@pytest.mark.timeout(30)
+def test_a_history_that_cannot_be_read_is_one_line_in_the_watch_not_its_end(monkeypatch):
+    class Forbidden(HistoryClient):
+        def metrics(self, name):
+            raise ClusterError("permission denied:\n cannot get configmaps")
+
+    screens = watch_in_a_terminal(monkeypatch, Forbidden([reporting("Succeeded", 10)]))
+    assert "\ncurves: permission denied: cannot get configmaps\n" in screens[-1]
 
 
 def test_logs_prefix_each_replica_and_report_unreadable_ones(use, capsys):
