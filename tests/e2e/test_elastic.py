@@ -6,6 +6,8 @@ step is lost, and the job succeeds."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
 from datetime import UTC
@@ -88,3 +90,79 @@ def test_a_ps_job_resized_while_training_restarts_nothing_and_loses_no_step(ns: 
     statuses = job["status"]["replicaStatuses"]
     assert all(statuses[t].get("restarts", 0) == 0 for t in ("chief", "ps", "worker")), statuses
     assert not re.search(r"Traceback", chief), chief
+
+
+@pytest.mark.timeout(480)
+def test_a_mwms_job_resized_2_3_2_re_forms_from_its_checkpoint(
+    ns: Namespace, shared_dir: str, cluster
+):
+    """A MultiWorkerMirroredStrategy job really training (tests/multiprocess/
+    preemption_worker.py, paced steps, a checkpoint every 3 steps and on SIGTERM) is scaled
+    2 -> 3 -> 2: each time every pod saves at the same step and stops, the group is created at
+    the new size and resumes from that step; the job succeeds with its workers in sync and no
+    restart counted."""
+    from e2e.test_preemption import CONFIGMAP, WORKER, _job
+
+    ns.cluster.kubectl(
+        "create", "configmap", CONFIGMAP, "-n", ns.name, f"--from-file={WORKER.name}={WORKER}"
+    )
+    manifest = _job("grow", shared_dir)
+    command = manifest["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    command["command"][-2] = "40"  # steps: long enough for two re-formings
+    ns.apply(manifest)
+    ckpt = cluster.kind.shared_dir / ns.name / "grow" / "ckpt"
+
+    def resized_and_training(workers: int) -> float:
+        asked = time.monotonic()
+        ns.cluster.kubectl("scale", "sjob/grow", f"--replicas={workers}", "-n", ns.name)
+        wait_for(
+            f"{workers} workers running",
+            lambda: (
+                (job := ns.job("grow")["status"]).get("workers") == workers
+                and any(
+                    c["type"] == "Resizing" and c["status"] == "False"
+                    for c in job.get("conditions", [])
+                )
+            ),
+            240,
+            0.5,
+        )
+        ready = time.monotonic() - asked
+        seen = set(os.listdir(ckpt))
+        wait_for(
+            f"a checkpoint of the {workers}-worker group",
+            lambda: set(os.listdir(ckpt)) - seen,
+            120,
+            0.5,
+        )
+        return ready
+
+    ns.wait_log("grow-worker-1", r"^RUNNING 3$", timeout=240)
+    up = resized_and_training(3)
+    down = resized_and_training(2)
+    job = ns.wait_job("grow", "Succeeded", timeout=300)
+    status = job["status"]
+    assert (status.get("resizes"), status.get("restartCount", 0)) == (2, 0), status
+    results, states = [], set()
+    for rank in (0, 1):
+        log = ns.logs(f"grow-worker-{rank}")
+        (line,) = [x for x in log.splitlines() if x.startswith("RESULT ")]
+        results.append(json.loads(line[len("RESULT ") :]))
+        states.update(x for x in log.splitlines() if x.startswith("STATE "))
+    first = results[0]["first"]
+    assert first > 3 and all(r["first"] == first for r in results), results  # resumed, together
+    assert all(r["ran"] == list(range(first, 40)) for r in results), results  # each step once
+    assert len(states) == 1, states  # the two workers end bit-identical
+    events = [
+        e.message
+        for e in ns.cluster.core.list_namespaced_event(
+            ns.name, field_selector="involvedObject.name=grow"
+        ).items
+        if e.reason == "Resizing"
+    ]
+    assert any("re-forms with 3 workers (it ran 2)" in m for m in events), events
+    assert any("re-forms with 2 workers (it ran 3)" in m for m in events), events
+    report(
+        f"MWMS resize on kind: kubectl scale 2 -> 3: the 3-worker group running {up:.0f} s "
+        f"after; 3 -> 2: {down:.0f} s after (resumed at step {first} of 40, no restart counted)"
+    )
