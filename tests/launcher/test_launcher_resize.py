@@ -5,6 +5,7 @@ nothing else restarts, every step is applied once, and bad requests get one line
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -82,10 +83,10 @@ def test_a_ps_job_run_locally_is_resized_1_3_1_and_applies_every_step_once(tmp_p
     assert_gone([ps, worker])
 
 
-def test_a_collective_job_is_not_resized_locally(tmp_path):
-    name = f"mwms-{uuid.uuid4().hex[:8]}"
+def test_a_tpu_job_is_not_resized_locally(tmp_path):
+    name = f"tpu-{uuid.uuid4().hex[:8]}"
     sleeper = "import time\ntime.sleep(60)\n"
-    manifest = write_job(tmp_path, {"worker": (1, sleeper)}, name=name)
+    manifest = write_job(tmp_path, {"worker": (1, sleeper)}, strategy="TPUStrategy", name=name)
     launch = Launch(manifest, cli_env(), "--grace-period", "1")
     try:
         launch.wait_line("strategyjob: job ", 60)
@@ -94,8 +95,66 @@ def test_a_collective_job_is_not_resized_locally(tmp_path):
             refused = scale(name, "--replicas", "2")
         assert refused.returncode == 1
         assert (
-            "a MultiWorkerMirroredStrategy job run by strategyjob run cannot be resized; only "
-            "the workers of a ParameterServerStrategy job join and leave a local run"
+            "a TPUStrategy job cannot be resized yet; only ParameterServerStrategy (workers "
+            "join and leave) and MultiWorkerMirroredStrategy (re-formed from its checkpoint) "
+            "jobs can"
         ) in refused.stderr
     finally:
         launch.stop()
+
+
+def test_a_mwms_run_is_re_formed_locally_from_its_checkpoint(tmp_path):
+    """``strategyjob scale --local`` of a MultiWorkerMirroredStrategy run: every worker saves at
+    the same step and stops, the group of 3 starts and resumes there, runs each remaining step
+    once and ends in sync; no restart is counted."""
+    from tests.launcher.test_launcher_preemption import WORKER, _results
+
+    name = f"reform-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = 30
+    command = [sys.executable, str(WORKER), str(out), "mark", "3", str(steps), "0.3"]
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(
+        json.dumps(
+            {
+                "apiVersion": "strategyjob.dev/v1alpha1",
+                "kind": "StrategyJob",
+                "metadata": {"name": name},
+                "spec": {
+                    "strategy": "MultiWorkerMirroredStrategy",
+                    "runPolicy": {"backoffLimit": 0},
+                    "replicaSpecs": {
+                        "worker": {
+                            "replicas": 2,
+                            "template": {
+                                "spec": {
+                                    "terminationGracePeriodSeconds": 60,
+                                    "containers": [{"name": "strategyjob", "command": command}],
+                                }
+                            },
+                        }
+                    },
+                },
+            }
+        )
+    )
+    launch = Launch(manifest, cli_env() | {"OMP_NUM_THREADS": "1"}, "--grace-period", "60")
+    try:
+        launch.wait_line("[worker-1] RUNNING 3", 180)
+        done = scale(name, "--replicas", "3")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"job {name}: workers 2 -> 3; re-formed"
+        assert launch.finish(240) == 0, launch.text[-30:]
+    finally:
+        launch.stop()
+    output = "\n".join(launch.text)
+    assert f"strategyjob: job {name} re-forms with 3 workers (it ran 2)" in output
+    results = [_results(output, rank) for rank in range(3)]
+    firsts = {r[0]["first"] for r in results}
+    (saved,) = firsts  # every worker of the new group resumed at the one saved step
+    assert 3 < saved < steps, output[-4000:]
+    assert all(r[0]["ran"] == list(range(saved, steps)) for r in results)
+    states = {line for line in output.splitlines() if "] STATE " in line}
+    assert len({line.split("] STATE ")[1] for line in states}) == 1, states  # in sync
+    assert "restarting" not in output

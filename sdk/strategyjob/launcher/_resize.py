@@ -13,6 +13,9 @@ from strategyjob.jobspec import messages as msg
 
 #: The strategy whose workers join and leave a running job (the CRD's rule too).
 RESIZABLE_STRATEGY = "ParameterServerStrategy"
+#: The strategy whose job is re-formed at the new size: every process stops (saving its
+#: checkpoint at the next step boundary) and the group starts again, resuming from it.
+REFORMED_STRATEGY = "MultiWorkerMirroredStrategy"
 
 
 def refusal(job: StrategyJob, replicas: object, tfjob: bool = False) -> str | None:
@@ -20,10 +23,10 @@ def refusal(job: StrategyJob, replicas: object, tfjob: bool = False) -> str | No
     the words the API server uses for a cluster job."""
     if tfjob:
         return "a TFJob run by strategyjob run cannot be resized; run it as a StrategyJob"
-    if job.strategy != RESIZABLE_STRATEGY:
+    if job.strategy not in (RESIZABLE_STRATEGY, REFORMED_STRATEGY):
         return (
-            f"a {job.strategy} job run by strategyjob run cannot be resized; only the workers "
-            f"of a {RESIZABLE_STRATEGY} job join and leave a local run"
+            f"a {job.strategy} job cannot be resized yet; only {RESIZABLE_STRATEGY} (workers "
+            f"join and leave) and {REFORMED_STRATEGY} (re-formed from its checkpoint) jobs can"
         )
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         return f"--replicas must be a whole number of workers, 1 or more (got {replicas!r})"

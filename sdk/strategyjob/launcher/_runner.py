@@ -218,6 +218,7 @@ class _JobRun:
         self.clock = clock
         self.started = clock()
         self.restarts = 0
+        self.resizes = 0  # re-formings at a new size (strategyjob scale --local)
         #: The replica types whose failure never fails the job (the evaluator; a TFJob's
         #: workers under ``enableDynamicWorker``).
         self.optional_types = optional_types
@@ -332,7 +333,7 @@ class _JobRun:
             self.workdir,
             cluster,
             job_env=self.job_env,
-            restart_attempt=self.restarts,
+            restart_attempt=self.restarts + self.resizes,
             env_of=self.env_of,
         )
         self.cluster = cluster
@@ -392,6 +393,8 @@ class _JobRun:
         if replicas == before:
             return f"job {self.job.name} already runs {before} workers"
         job = _resize.with_workers(self.job, replicas)
+        if job.strategy == _resize.REFORMED_STRATEGY:
+            return self._reform(job, before)
         workers = self.cluster["worker"]
         if replicas > before:
             added = [f"{LOCAL_HOST}:{port}" for port in free_ports(replicas - before)]
@@ -401,7 +404,7 @@ class _JobRun:
                 self.workdir,
                 cluster,
                 job_env=self.job_env,
-                restart_attempt=self.restarts,
+                restart_attempt=self.restarts + self.resizes,
                 env_of=self.env_of,
             )
             new = [x for x in launches if x.replica_type == "worker" and x.index >= before]
@@ -422,6 +425,23 @@ class _JobRun:
             what = "stopped " + _names(gone)
         self.job, self.cluster = job, cluster
         return f"job {self.job.name}: workers {before} -> {replicas}; {what}"
+
+    def _reform(self, job: StrategyJob, before: int) -> str:
+        """A collective group cannot gain or lose a member: every replica stops (SIGTERM,
+        the grace period: the preemption handler saves a checkpoint at the next step
+        boundary) and the group starts at the new size, resuming from it. Not a restart
+        (``backoffLimit``); the new processes are the next attempt."""
+        self.say(
+            f"job {job.name} re-forms with {job.num_replicas('worker')} workers (it ran "
+            f"{before}): stopping every replica, each saving its checkpoint"
+        )
+        self.supervisor.stop(grace=self.grace)
+        self.supervisor.forget()
+        self.given_up.clear()
+        self.resizes += 1
+        self.job = job
+        self.launches = self._start_all()
+        return f"job {job.name}: workers {before} -> {job.num_replicas('worker')}; re-formed"
 
     def _wait_listening(self, launches: list[ReplicaLaunch], cluster: Mapping[str, Any]) -> None:
         """Until every new worker's server accepts connections (the chief gives a worker it
