@@ -523,7 +523,9 @@ class Reconciler:
         api, ns, uid = self.api, job.namespace, job_obj["metadata"]["uid"]
         path = api.core_path(ns, "configmaps", children.members_config_map_name(job))
         current = await api.get(path)
-        if current is None:  # made by an operator before resizing, or not yet
+        if current is None or observe.controller_uid(current) != uid:
+            # made by an operator before resizing, or not yet; or a ConfigMap that is not
+            # this job's (never overwritten: the job's objects report it as blocking)
             return scaling.initial_members(job), []
         before = scaling.read_members(current.get("data")) or scaling.initial_members(job)
         added = scaling.added_workers(job, before, pods)
@@ -591,6 +593,16 @@ class Reconciler:
         path = api.core_path(ns, "configmaps", name)
         try:
             current = await api.get(path)
+            uid = job_obj["metadata"].get("uid")
+            if current is not None and observe.controller_uid(current, self.flavor.kind) != uid:
+                logger.warning(  # not this job's: someone else's data, never overwritten
+                    "StrategyJob %s/%s: metric history not kept: ConfigMap %s is not this "
+                    "job's (delete or rename it)",
+                    ns,
+                    job.name,
+                    name,
+                )
+                return
             previous = ((current or {}).get("data") or {}).get(jobspec.METRICS_HISTORY_KEY)
             text, warning = history.updated(previous, report)
             if warning:

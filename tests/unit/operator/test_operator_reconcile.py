@@ -173,6 +173,21 @@ def test_the_leaders_progress_annotation_reaches_the_status_once():
     assert api.calls == []
 
 
+def test_a_metrics_configmap_that_is_not_the_jobs_is_never_overwritten():
+    import json
+
+    leader = pod(0, "Running")
+    leader["metadata"]["annotations"] = {
+        "strategyjob.dev/progress": json.dumps({"step": 5, "metrics": {"loss": 0.5}})
+    }
+    api = FakeApi(job_obj(), [leader, pod(1, "Running")])
+    foreign = {"metadata": {"name": "j-strategyjob-metrics"}, "data": {"mine": "keep"}}
+    api.config_maps["j-strategyjob-metrics"] = foreign
+    run(api)
+    assert api.config_maps["j-strategyjob-metrics"] is foreign  # untouched
+    assert api.job["status"]["progress"]["step"] == 5  # the status goes on
+
+
 def earlier(obj, uid="old"):
     obj["metadata"]["ownerReferences"] = [{"kind": "StrategyJob", "uid": uid, "controller": True}]
     return obj
