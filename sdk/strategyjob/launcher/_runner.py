@@ -235,7 +235,8 @@ class _JobRun:
             ENV_PROGRESS_FILE: self.progress.path,
         }
         # A ParameterServerStrategy chief follows the workers in this file, which a local
-        # resize (strategyjob scale --local) rewrites; other strategies are refused one.
+        # resize (strategyjob scale --local) rewrites (a MultiWorkerMirroredStrategy run is
+        # re-formed instead: :meth:`_reform`).
         self.cluster_file = Path(self.progress_dir) / "cluster.json"
         if job.strategy == _resize.RESIZABLE_STRATEGY:
             self.job_env[ENV_CLUSTER_FILE] = str(self.cluster_file)
