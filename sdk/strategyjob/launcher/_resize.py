@@ -1,12 +1,10 @@
 """The pure rules of a local resize (``strategyjob scale NAME --replicas N --local``, issue 30):
-which requests are refused, the job at its new size, and the cluster file the chief follows.
-The launcher (:mod:`._runner`) starts and stops the processes."""
+which requests are refused and the job at its new size. The launcher (:mod:`._runner`) starts
+and stops the processes and writes the chief's cluster file (``jobspec.cluster_spec``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Mapping
 
 from strategyjob.jobspec import StrategyJob
 from strategyjob.jobspec import messages as msg
@@ -42,8 +40,3 @@ def with_workers(job: StrategyJob, replicas: int) -> StrategyJob:
     """``job`` with ``replicas`` workers."""
     worker = dataclasses.replace(job.replica_specs["worker"], replicas=replicas)
     return dataclasses.replace(job, replica_specs={**job.replica_specs, "worker": worker})
-
-
-def cluster_file(cluster: Mapping[str, list[str]]) -> str:
-    """What ``STRATEGYJOB_CLUSTER_FILE`` holds: TF_CONFIG's cluster (no evaluator)."""
-    return json.dumps({t: list(a) for t, a in cluster.items() if t != "evaluator" and a})

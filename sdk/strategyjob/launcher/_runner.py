@@ -27,6 +27,7 @@ from strategyjob.jobspec import (
     ManifestError,
     StrategyJob,
     TFJob,
+    cluster_spec,
     is_tfjob,
     load_manifest,
     local_tfjob,
@@ -339,7 +340,7 @@ class _JobRun:
         )
         self.cluster = cluster
         if ENV_CLUSTER_FILE in self.job_env:
-            self.cluster_file.write_text(_resize.cluster_file(cluster), encoding="utf-8")
+            self.cluster_file.write_text(cluster_spec(cluster), encoding="utf-8")
         addresses = ", ".join(
             f"{launch.name} ({cluster[launch.replica_type][launch.index]})" for launch in launches
         )
@@ -416,7 +417,7 @@ class _JobRun:
             what = "started " + ", ".join(f"{x.name} ({cluster['worker'][x.index]})" for x in new)
         else:
             cluster = {**self.cluster, "worker": workers[:replicas]}
-        self.cluster_file.write_text(_resize.cluster_file(cluster), encoding="utf-8")
+        self.cluster_file.write_text(cluster_spec(cluster), encoding="utf-8")
         if replicas < before:  # the chief was told first: it sends them nothing more
             gone = [("worker", i) for i in range(replicas, before)]
             self.supervisor.stop(gone, grace=self.grace)
