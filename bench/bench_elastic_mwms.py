@@ -35,6 +35,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SDK = HERE.parent / "sdk"
+sys.path.insert(0, str(HERE.parent))  # tests.support: shared test and benchmark tooling
+
+from tests.support.manifests import preemptible_workers  # noqa: E402
 
 OURS = r"""
 import os, sys, time, torch
@@ -163,26 +166,8 @@ def ours(work: Path) -> float:
     name = f"bench-{uuid.uuid4().hex[:8]}"
     (work / "train.py").write_text(OURS)
     (work / "out").mkdir()
-    container = {
-        "name": "strategyjob",
-        "command": [sys.executable, str(work / "train.py"), str(work / "out")],
-    }
-    manifest = {
-        "apiVersion": "strategyjob.dev/v1alpha1",
-        "kind": "StrategyJob",
-        "metadata": {"name": name},
-        "spec": {
-            "strategy": "MultiWorkerMirroredStrategy",
-            "replicaSpecs": {
-                "worker": {
-                    "replicas": 2,
-                    "template": {
-                        "spec": {"terminationGracePeriodSeconds": 60, "containers": [container]}
-                    },
-                }
-            },
-        },
-    }
+    # the 2-worker job of the preemption tests and benchmarks (60 s grace to save)
+    manifest = preemptible_workers(name, [str(work / "train.py"), str(work / "out")])
     (work / "job.yaml").write_text(json.dumps(manifest))
     run = _Run(
         [sys.executable, "-m", "strategyjob", "run", str(work / "job.yaml")], work / "ours.log"

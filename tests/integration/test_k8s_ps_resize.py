@@ -45,12 +45,6 @@ def uids(kube) -> dict[str, str]:
     return {name: pod.metadata.uid for name, pod in kube.pods("elastic").items()}
 
 
-def resizing(kube) -> dict | None:
-    job = kube.job("elastic") or {}
-    conds = (job.get("status") or {}).get("conditions") or []
-    return next((x for x in conds if x["type"] == "Resizing"), None)
-
-
 def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     kube, operator, control_plane
 ):
@@ -78,7 +72,10 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     tf_config = json.loads(kube.container_env(raw["elastic-worker-3"])["TF_CONFIG"])
     assert len(tf_config["cluster"]["worker"]) == 4
     assert tf_config["task"] == {"type": "worker", "index": 3}
-    waiting = wait_for("Resizing", lambda: (r := resizing(kube)) and r["status"] == "True" and r)
+    waiting = wait_for(
+        "Resizing",
+        lambda: (r := condition_of(kube, "elastic", "Resizing")) and r["status"] == "True" and r,
+    )
     assert "waiting for elastic-worker-2, elastic-worker-3 to be Ready" in waiting["message"]
     assert members(kube)["workers"] == "0-1"
     make_ready(kube, "elastic-worker-2")
@@ -96,7 +93,8 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     make_ready(kube, "elastic-worker-3")
     wait_members(kube, "0-3")
     done = wait_for(
-        "Resizing False", lambda: (r := resizing(kube)) and r["status"] == "False" and r
+        "Resizing False",
+        lambda: (r := condition_of(kube, "elastic", "Resizing")) and r["status"] == "False" and r,
     )
     assert done["message"] == "StrategyJob elastic runs 4 workers."
     assert kube.job("elastic")["status"]["workers"] == 4

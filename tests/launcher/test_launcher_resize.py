@@ -15,6 +15,7 @@ import pytest
 from tests.launcher.test_launcher_ps_faults import CHIEF, SERVER, assert_gone, pid_of
 from tests.launcher.test_launcher_run import cli_env, write_job
 from tests.support.launch import Launch
+from tests.support.manifests import preemptible_workers
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -113,32 +114,10 @@ def test_a_mwms_run_is_re_formed_locally_from_its_checkpoint(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     steps = 30
-    command = [sys.executable, str(WORKER), str(out), "mark", "3", str(steps), "0.3"]
+    job = preemptible_workers(name, [str(WORKER), str(out), "mark", "3", str(steps), "0.3"])
+    job["spec"]["runPolicy"]["backoffLimit"] = 0  # a resize is no restart: none is allowed
     manifest = tmp_path / "job.yaml"
-    manifest.write_text(
-        json.dumps(
-            {
-                "apiVersion": "strategyjob.dev/v1alpha1",
-                "kind": "StrategyJob",
-                "metadata": {"name": name},
-                "spec": {
-                    "strategy": "MultiWorkerMirroredStrategy",
-                    "runPolicy": {"backoffLimit": 0},
-                    "replicaSpecs": {
-                        "worker": {
-                            "replicas": 2,
-                            "template": {
-                                "spec": {
-                                    "terminationGracePeriodSeconds": 60,
-                                    "containers": [{"name": "strategyjob", "command": command}],
-                                }
-                            },
-                        }
-                    },
-                },
-            }
-        )
-    )
+    manifest.write_text(json.dumps(job))
     launch = Launch(manifest, cli_env() | {"OMP_NUM_THREADS": "1"}, "--grace-period", "60")
     try:
         launch.wait_line("[worker-1] RUNNING 3", 180)
