@@ -176,9 +176,15 @@ def test_a_mwms_job_re_forms_at_each_new_size_from_its_checkpoint(kube, operator
     status = kube.job("mwms")["status"]
     assert (status["workers"], status.get("resizes"), status.get("restartCount", 0)) == (3, 1, 0)
 
+    before = uids_of(kube, "mwms")
     done = cp.kubectl("scale", "sjob/mwms", "--replicas=2", "-n", kube.ns)
     assert done.returncode == 0, done.stderr
-    wait_for("worker-2 gone", lambda: "mwms-worker-2" not in kube.pods("mwms"))
+    # worker-2 may go before worker-0 and worker-1 of its group: wait for the whole group.
+    wait_for(
+        "the 3-worker group gone",
+        lambda: not set(before.values()) & set(uids_of(kube, "mwms").values()),
+    )
+    assert "mwms-worker-2" not in kube.pods("mwms")
     group(2, 2)
     wait_for("status.workers 2 again", lambda: kube.job("mwms")["status"].get("workers") == 2)
     assert not kube.condition("mwms", "Failed")

@@ -74,7 +74,7 @@ def test_a_ps_job_run_locally_is_resized_1_3_1_and_applies_every_step_once(tmp_p
         assert nobody.returncode == 1
         assert "no job named no-such-run runs under strategyjob run" in nobody.stderr
 
-        assert launch.finish(150) == 0, launch.text
+        assert launch.finish(150) == 0, launch.transcript
     finally:
         launch.stop()
     text = launch.text

@@ -73,7 +73,7 @@ def run_tpu_job(tmp_path, layout: str, fault: str, **env: str) -> tuple[Launch, 
     environment = cli_env() | {"LOGICAL_DEVICES": LAYOUTS[layout], "FAULT": fault, **env}
     launch = Launch(manifest, environment, "--grace-period", "5")
     try:
-        assert launch.finish(120) == 1, launch.text
+        assert launch.finish(120) == 1, launch.transcript
     finally:
         launch.stop()
     failed = launch.wait_line("strategyjob: job demo failed after ", 1)

@@ -35,6 +35,13 @@ class Launch:
     def text(self) -> list[str]:
         return [line for _, line in self.lines]
 
+    @property
+    def transcript(self) -> str:
+        """Every line, each with its time since the first: whole in a failed assertion's
+        message (pytest shortens a list there, not a string)."""
+        start = self.lines[0][0] if self.lines else 0.0
+        return "\n".join(f"{t - start:7.2f} {line}" for t, line in list(self.lines))
+
     def wait_line(self, prefix: str, timeout: float) -> float:
         """When the first line starting with ``prefix`` came, waiting for it at most
         ``timeout`` s (or until the launcher's output ends)."""
@@ -45,7 +52,7 @@ class Launch:
             if found:
                 return found[0]
             if ended or time.monotonic() > deadline:
-                raise AssertionError(f"no line {prefix!r} within {timeout} s: {self.text}")
+                raise AssertionError(f"no line {prefix!r} within {timeout} s:\n{self.transcript}")
             time.sleep(0.05)
 
     def finish(self, timeout: float) -> int:
@@ -53,7 +60,7 @@ class Launch:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.stop()
-            raise AssertionError(f"still running after {timeout} s: {self.text}") from None
+            raise AssertionError(f"still running after {timeout} s:\n{self.transcript}") from None
         self._reader.join(5)
         return code
 

@@ -457,6 +457,12 @@ class _Worker:
         """Whether a thread of it still runs (a closure in flight after ``stop``)."""
         return any(thread.is_alive() for thread in self._threads)
 
+    def join(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s per thread) for its threads to end after ``stop``."""
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+
     @property
     def taken_out(self) -> bool:
         """Whether a closure of this worker was taken out as stuck and has not ended."""
@@ -974,11 +980,14 @@ class ClusterCoordinator:
         if queue is not None:
             queue.stop()
         for worker in workers:
-            if worker.taken_out:  # a thread waits for a stuck closure: not worth waiting for
-                continue
-            for thread in worker._threads:
-                if thread is not threading.current_thread():
-                    thread.join(timeout=2.0)
+            if not worker.taken_out:  # else a thread waits for a stuck closure: see _stop_all
+                worker.join(timeout=2.0)
+
+    def _join_workers(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s each) for the worker threads still running."""
+        workers = self._all_workers() if hasattr(self, "_leaving") else []
+        for worker in workers:
+            worker.join(timeout)
 
     def __del__(self) -> None:
         self._shutdown()
@@ -1017,6 +1026,13 @@ def _membership_line(change: _membership.Change, now: tuple[int, ...]) -> str:
 
 @atexit.register
 def _stop_all() -> None:
-    for coordinator in list(_live):
+    coordinators = list(_live)
+    for coordinator in coordinators:
         coordinator._shutdown()
+    # Closing the channels cancels the calls still in flight: a thread that waits for a
+    # stuck closure wakes and ends now. Left to wake while the interpreter finalizes, it
+    # would abort the process (SIGABRT: "terminate called without an active exception")
+    # after the program had succeeded.
     _cluster.close_grpc()
+    for coordinator in coordinators:
+        coordinator._join_workers(timeout=2.0)
