@@ -6,7 +6,8 @@ The model's parameters live on the ps task; the chief schedules training steps w
 ClusterCoordinator and any free worker runs each one: it reads the parameters from the ps,
 computes gradients on a batch of its own dataset and has the ps apply the optimizer. A worker
 that dies is replaced transparently: its steps run again elsewhere and it gets work again
-when it comes back. Only the imports differ from TensorFlow.
+when it comes back. Only the imports differ from TensorFlow. The loss curve goes to
+TensorBoard event files in LOGDIR (`strategyjob tensorboard` serves them).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import time
 
 import strategyjob
 import torch
+from strategyjob import summary
 from strategyjob.cluster_resolver import TFConfigClusterResolver
 from strategyjob.experimental.coordinator import ClusterCoordinator
 
 STEPS = int(os.environ.get("STEPS", "300"))
 LOG_EVERY = int(os.environ.get("LOG_EVERY", "30"))
+LOGDIR = os.environ.get("LOGDIR", "logs")
 BATCH_SIZE = 64
 
 torch.set_num_threads(1)
@@ -86,6 +89,9 @@ def test_accuracy():
         return (model(features).argmax(dim=1) == labels).float().mean()
 
 
+# tf.summary's writer (the chief is the job's one writer); flushed at least every 10 s, so that
+# TensorBoard's curve trails training by no more than that
+writer = summary.create_file_writer(LOGDIR, flush_millis=10_000)
 started = time.perf_counter()
 for done in range(LOG_EVERY, STEPS + 1, LOG_EVERY):
     losses = [
@@ -94,6 +100,8 @@ for done in range(LOG_EVERY, STEPS + 1, LOG_EVERY):
     coordinator.join()
     mean = sum(float(loss.fetch()) for loss in losses) / len(losses)
     log(f"step {done}/{STEPS}: loss {mean:.4f} ({time.perf_counter() - started:.1f}s)")
+    with writer.as_default(step=done):
+        summary.scalar("loss", mean)
     strategyjob.report(step=done, total_steps=STEPS, loss=round(mean, 4))
 
 accuracy = float(coordinator.schedule(test_accuracy).fetch())

@@ -1,6 +1,7 @@
 """A job's metric history in a cluster (issue 31), kept by the operator in the ConfigMap
 ``<job>-strategyjob-metrics`` (owned by the job, so it goes with it): each report of the
-leader carries the reports since its previous one (``points``), which are folded into
+leader carries the reports since its previous one (``points``; where there is room, the newest
+of those it carried before again: folding a point twice changes nothing), which are folded into
 :class:`strategyjob._history.MetricHistory` (bounded per metric, thinned as the job runs long,
 a restart's earlier steps replacing the tail). Pure: the reconciler reads the ConfigMap and
 writes what :func:`updated` returns. The operator keeps nothing in memory between passes, so

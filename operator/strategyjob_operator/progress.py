@@ -26,6 +26,7 @@ from strategyjob_operator import constants as c
 
 #: Largest integer the status holds (``format: int64``).
 MAX_INT64 = 2**63 - 1
+MAX_LOGDIR = 4096  # the CRD's maxLength of status.progress.logdir
 #: RFC 3339 date-time, as the API server's ``format: date-time`` takes it: a zone is required.
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$", re.ASCII
@@ -101,6 +102,9 @@ def parse_report(text: str | None) -> dict[str, Any] | None:
     when = _time(raw.get("time"))
     if when is not None:
         report["time"] = _rfc3339(when)
+    logdir = raw.get("logdir")
+    if isinstance(logdir, str) and 0 < len(logdir) <= MAX_LOGDIR:
+        report["logdir"] = logdir
     points = raw.get("points")
     if isinstance(points, list) and points:  # for the history (:mod:`.history`), not the status
         report["points"] = points
@@ -111,7 +115,8 @@ def aggregate(
     report: Mapping[str, Any] | None, previous: Mapping[str, Any] | None
 ) -> dict[str, Any] | None:
     """The new ``status.progress``: ``step``, ``totalSteps``, ``percentage`` (one
-    decimal), ``metrics``, ``lastReportTime`` and ``estimatedSecondsLeft``.
+    decimal), ``metrics``, ``lastReportTime``, ``estimatedSecondsLeft`` and ``logdir``
+    (kept from the previous progress when a report lacks it).
 
     No report: the previous progress stays (a finished or restarted leader's pod may be
     gone). The same report again (same time and step): unchanged. The time left comes
@@ -137,6 +142,9 @@ def aggregate(
         out["metrics"] = dict(report["metrics"])
     if when:
         out["lastReportTime"] = when
+    logdir = report.get("logdir") or previous.get("logdir")  # a restarted leader's first reports
+    if logdir:
+        out["logdir"] = logdir
 
     prev_step = _int(previous.get("step"))
     went_back = prev_step is not None and step < prev_step

@@ -167,9 +167,13 @@ class _PodAnnotationSink:
     """In a cluster: merge-patch the annotation of this pod with its own token. Each write
     carries the reports since the last (thinned to ``points_per_write``: the annotation is
     part of the pod object every watcher of pods receives), which the operator folds into the
-    job's metric history (``<job>-strategyjob-metrics``)."""
+    job's metric history (``<job>-strategyjob-metrics``). Room left is filled with the newest
+    points already written (``resends_points``): an annotation the operator never saw (it
+    was restarted or upgraded meanwhile) leaves no gap in the history when the next one
+    comes, and folding a point again changes nothing."""
 
     keeps_points = True
+    resends_points = True
     #: About 6 KB of JSON for a few metrics: at the default 10 s interval, a job reporting 10
     #: times a second has its older reports of a write thinned (the history thins them too).
     points_per_write = 100
@@ -258,6 +262,12 @@ class Reporter:
         self.keeps_points = bool(getattr(sink, "keeps_points", False))
         self.points_limit = int(getattr(sink, "points_per_write", _POINTS_PER_WRITE))
         self.points: list[list[Any]] = []
+        # The points of the last write, sent again with the next where there is room.
+        self.resends = bool(getattr(sink, "resends_points", False))
+        self.sent: list[list[Any]] = []
+        # Where this process writes summaries (strategyjob.summary): their common directory
+        # rides on every record from then on, for `strategyjob tensorboard` and the launcher.
+        self.logdirs: set[str] = set()
         self.last_write: float | None = None
         self.warned = False  # publishing failed
         self.warned_input = False  # a report had bad arguments
@@ -282,6 +292,19 @@ class Reporter:
                 thread.start()  # raises at interpreter shutdown: nothing to wait for then
                 self._thread = thread
             self._cond.notify_all()
+
+    def add_logdir(self, path: str) -> None:
+        """Record a directory summaries are written to (no I/O: the next write carries it)."""
+        with self._cond:
+            self.logdirs.add(os.path.abspath(path))
+
+    @property
+    def logdir(self) -> str | None:
+        """The directory above every summary directory of this process (TensorBoard's
+        ``--logdir``: ``logs/train`` and ``logs/validation`` give ``logs``)."""
+        with self._cond:
+            dirs = sorted(self.logdirs)
+        return os.path.commonpath(dirs) if dirs else None
 
     def flush(self, timeout: float = _EXIT_FLUSH_SECONDS) -> bool:
         """Send the pending record now and wait until nothing is pending or being written,
@@ -320,8 +343,11 @@ class Reporter:
                     if wait <= 0:
                         record, self.pending = self.pending, None
                         if self.points:
-                            record = {**record, "points": self.points}
+                            record = {**record, "points": self._with_resent(self.points)}
                             self.points = []
+                        if self.logdirs:
+                            dirs = sorted(self.logdirs)
+                            record = {**record, "logdir": os.path.commonpath(dirs)}
                         self._writing = True
                         return record
                     self._cond.wait(wait)
@@ -329,6 +355,16 @@ class Reporter:
                     return None
                 else:
                     self._cond.wait()
+
+    def _with_resent(self, points: list[list[Any]]) -> list[list[Any]]:
+        """``points`` after as many of the last write's newest as fit ``points_limit``,
+        when the sink asks for them (called with the lock held)."""
+        if not self.resends:
+            return points
+        room = self.points_limit - len(points)
+        carried = (self.sent[-room:] if room > 0 else []) + points
+        self.sent = carried
+        return carried
 
     def _publish(self) -> None:
         while (record := self._next()) is not None:
@@ -428,3 +464,17 @@ def report(step: int, total_steps: int | None = None, **metrics: Any) -> None:
             reporter.report(record)
     except Exception:  # never into the training loop, whatever happens
         logger.debug("strategyjob.report failed", exc_info=True)
+
+
+def announce_logdir(path: str) -> None:
+    """Say that this process writes summaries under ``path``: its reports carry the
+    directory from then on (``status.progress.logdir`` in a cluster, the closing lines of
+    ``strategyjob run``), so that ``strategyjob tensorboard NAME`` finds them. Only the
+    leader reports; a job that never calls :func:`report` announces nothing (give
+    ``strategyjob tensorboard --logdir`` then)."""
+    try:
+        reporter = _reporter()
+        if reporter is not None:
+            reporter.add_logdir(path)
+    except Exception:  # never into the training loop
+        logger.debug("strategyjob: announcing the logdir failed", exc_info=True)

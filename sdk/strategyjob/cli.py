@@ -209,6 +209,47 @@ def _add_cluster_commands(commands: Any) -> None:
     )
     metrics.set_defaults(handler=_metrics)
 
+    tensorboard = commands.add_parser(
+        "tensorboard",
+        parents=[common],
+        help="serve TensorBoard over a job's summaries",
+        description=(
+            "Serve TensorBoard over the summaries a job writes with strategyjob.summary: a "
+            "cluster job's (NAME: its leader's logdir, which its reports name, copied out of "
+            "its pod into --copy-to and copied again every --every seconds while TensorBoard "
+            "serves; the copy stays once the pods are gone), or a local directory (--logdir "
+            "alone; strategyjob run prints its job's at the end). Needs TensorBoard: "
+            "pip install 'strategyjob[tensorboard]'."
+        ),
+    )
+    tensorboard.add_argument("name", metavar="NAME", nargs="?", help="a job on the cluster")
+    tensorboard.add_argument(
+        "--logdir",
+        help="with NAME: the directory inside the leader's pod (default: the one it reported); "
+        "without: a local directory",
+    )
+    tensorboard.add_argument(
+        "--copy-to",
+        metavar="DIR",
+        help="where a cluster job's summaries are copied (default: "
+        "~/.cache/strategyjob/summaries/NAMESPACE/NAME)",
+    )
+    tensorboard.add_argument(
+        "--copy-only", action="store_true", help="copy a cluster job's summaries, serve nothing"
+    )
+    tensorboard.add_argument("--port", type=int, default=6006, help="TensorBoard's port (6006)")
+    tensorboard.add_argument(
+        "--host", default="localhost", help="the address TensorBoard listens on (localhost)"
+    )
+    tensorboard.add_argument(
+        "--every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between two copies while serving (30)",
+    )
+    tensorboard.set_defaults(handler=_tensorboard)
+
     delete = commands.add_parser(
         "delete", parents=[common], help="delete a StrategyJob (its pods go with it)"
     )
@@ -270,6 +311,51 @@ def _metrics(args: argparse.Namespace) -> int:
     else:
         print(f"No metric in {where}.", file=sys.stderr)
     return 0
+
+
+def _tensorboard(args: argparse.Namespace) -> int:
+    from strategyjob.client import _tensorboard as tb
+
+    def refuse(text: str) -> int:
+        print(f"strategyjob tensorboard: {text}", file=sys.stderr)
+        return 2
+
+    if args.name is None:
+        if args.logdir is None or args.copy_to or args.copy_only:
+            return refuse(
+                "name a job on the cluster (strategyjob tensorboard NAME) or a local "
+                "directory (strategyjob tensorboard --logdir DIR)."
+            )
+        if not Path(args.logdir).is_dir():
+            return refuse(f"{args.logdir} is not a directory.")
+        if (why := tb.missing()) is not None:
+            return refuse(why)
+        return tb.serve(Path(args.logdir), args.port, args.host)
+    if not args.copy_only and (why := tb.missing()) is not None:
+        return refuse(why + "; --copy-only copies the summaries without it")
+    with _client(args) as client:
+        into = Path(args.copy_to or tb.default_copy_dir(client.namespace, args.name))
+
+        def refresh() -> None:
+            try:
+                client.copy_summaries(args.name, into, logdir=args.logdir)
+            except StrategyJobError as e:  # the pod ended: TensorBoard keeps what was copied
+                print(f"strategyjob tensorboard: {_one_line(str(e))}", file=sys.stderr, flush=True)
+
+        try:
+            done = client.copy_summaries(args.name, into, logdir=args.logdir)
+            print(f"copied {len(done.files)} files of {done.logdir} in pod {done.pod} into {into}")
+        except StrategyJobError as e:
+            if args.copy_only or not any(into.rglob("*")):
+                raise
+            print(
+                f"strategyjob tensorboard: {_one_line(str(e))}; serving the copy made earlier "
+                f"in {into}",
+                file=sys.stderr,
+            )
+        if args.copy_only:
+            return 0
+        return tb.serve(into, args.port, args.host, refresh=refresh, every=args.every)
 
 
 def _scale(args: argparse.Namespace) -> int:

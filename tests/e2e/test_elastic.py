@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from datetime import UTC
 
 import pytest
+from strategyjob.client import StrategyJobClient
 
 from e2e.e2e_support import STEP_LINE, Namespace, example, losses, wait_for
 from tests.support.kind import report
@@ -36,7 +39,9 @@ def ready_at(ns: Namespace, pod: str) -> float | None:
 
 
 @pytest.mark.timeout(420)
-def test_a_ps_job_resized_while_training_restarts_nothing_and_loses_no_step(ns: Namespace):
+def test_a_ps_job_resized_while_training_restarts_nothing_and_loses_no_step(
+    ns: Namespace, tmp_path
+):
     steps, every = 2400, 60
     ns.apply(example("digits_ps", env={"chief": {"STEPS": str(steps), "LOG_EVERY": str(every)}}))
     ns.wait_log(CHIEF, rf"step {2 * every}/{steps}", timeout=180)
@@ -82,6 +87,7 @@ def test_a_ps_job_resized_while_training_restarts_nothing_and_loses_no_step(ns: 
     stayed = {p.metadata.name: p.metadata.uid for p in ns.pods(JOB)}
     for name in (CHIEF, "digits-ps-ps-0", "digits-ps-worker-0"):
         assert stayed[name] == before[name], f"{name} was replaced"
+    copied = copy_summaries(ns, tmp_path / "summaries")
 
     job = ns.wait_job(JOB, "Succeeded", timeout=300)
     chief = ns.logs(CHIEF)
@@ -90,6 +96,34 @@ def test_a_ps_job_resized_while_training_restarts_nothing_and_loses_no_step(ns: 
     statuses = job["status"]["replicaStatuses"]
     assert all(statuses[t].get("restarts", 0) == 0 for t in ("chief", "ps", "worker")), statuses
     assert not re.search(r"Traceback", chief), chief
+    assert copied and copied == [s for s, _ in points[: len(copied)]], (copied, points)
+
+
+def copy_summaries(ns: Namespace, into) -> list[int]:
+    """``strategyjob tensorboard JOB --copy-only`` while the chief trains: the steps of the
+    loss curve in the copied event files, read back with TensorBoard's reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    wait_for(
+        "the chief's reports naming its logdir",
+        lambda: (ns.job(JOB)["status"].get("progress") or {}).get("logdir") == "/workspace/logs",
+        60,
+        0.5,
+    )
+    cli = [sys.executable, "-m", "strategyjob", "tensorboard", JOB, "--copy-only"]
+    where = ["--copy-to", str(into), "-n", ns.name, "--kubeconfig", str(ns.cluster.kubeconfig)]
+
+    def copied() -> list[int]:  # the chief's writer flushes every 10 s: copy until it has
+        done = subprocess.run([*cli, *where], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"of /workspace/logs in pod {CHIEF} into {into}" in done.stdout, done.stdout
+        events = EventAccumulator(str(into), size_guidance={"tensors": 0})
+        events.Reload()
+        if "loss" not in events.Tags()["tensors"]:
+            return []
+        return [e.step for e in events.Tensors("loss")]
+
+    return wait_for("a loss curve in the copied event files", copied, 60, 1.0)
 
 
 @pytest.mark.timeout(480)
@@ -107,8 +141,9 @@ def test_a_mwms_job_resized_2_3_2_re_forms_from_its_checkpoint(
         "create", "configmap", CONFIGMAP, "-n", ns.name, f"--from-file={WORKER.name}={WORKER}"
     )
     manifest = _job("grow", shared_dir)
-    command = manifest["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-    command["command"][-2] = "40"  # steps: long enough for two re-formings
+    container = manifest["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container["command"][-2] = "40"  # steps: long enough for two re-formings
+    container["env"].append({"name": "REPORT", "value": "1"})  # each step, for the history
     ns.apply(manifest)
     ckpt = cluster.kind.shared_dir / ns.name / "grow" / "ckpt"
 
@@ -162,7 +197,14 @@ def test_a_mwms_job_resized_2_3_2_re_forms_from_its_checkpoint(
     ]
     assert any("re-forms with 3 workers (it ran 2)" in m for m in events), events
     assert any("re-forms with 2 workers (it ran 3)" in m for m in events), events
+    # The history the operator keeps went on through both re-formings: not reset (step 1 is
+    # still there), each step once, ascending, up to the last.
+    with StrategyJobClient(kubeconfig=str(ns.cluster.kubeconfig), namespace=ns.name) as client:
+        kept = [step for step, _ in client.metrics("grow")["lr"]]
+    assert kept[0] == 1 and kept[-1] == 40 and kept == sorted(set(kept)), kept
+    missing = sorted(set(range(1, 41)) - set(kept))
     report(
         f"MWMS resize on kind: kubectl scale 2 -> 3: the 3-worker group running {up:.0f} s "
-        f"after; 3 -> 2: {down:.0f} s after (resumed at step {first} of 40, no restart counted)"
+        f"after; 3 -> 2: {down:.0f} s after (resumed at step {first} of 40, no restart counted); "
+        f"the history kept {len(kept)} of the 40 steps (missing: {missing or 'none'})"
     )

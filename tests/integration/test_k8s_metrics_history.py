@@ -2,7 +2,9 @@
 leader's progress annotations (each carrying the reports since the previous one, as the SDK's
 reporter writes them) are folded into the ConfigMap ``<job>-strategyjob-metrics``, read back
 through ``StrategyJobClient.metrics`` and ``strategyjob metrics NAME``; an operator restarted
-in between continues the history; a restart's earlier steps replace its tail."""
+in between continues the history; a restart's earlier steps replace its tail. The directory
+the leader writes summaries to reaches ``status.progress.logdir`` for ``strategyjob
+tensorboard NAME``."""
 
 from __future__ import annotations
 
@@ -18,14 +20,18 @@ from test_k8s_client import cli
 pytestmark = pytest.mark.timeout(150)
 
 
-def annotate(kube, step: int, points: list[tuple[int, float]], when: str) -> None:
-    report = {
+def annotate(
+    kube, step: int, points: list[tuple[int, float]], when: str, logdir: str | None = None
+) -> None:
+    report: dict[str, Any] = {
         "step": step,
         "totalSteps": 100,
         "time": when,
         "metrics": {"loss": points[-1][1], "phase": "train"},
         "points": [[s, {"loss": v, "phase": "train"}] for s, v in points],
     }
+    if logdir is not None:
+        report["logdir"] = logdir
     body = {"metadata": {"annotations": {"strategyjob.dev/progress": json.dumps(report)}}}
     kube.core.patch_namespaced_pod("hist-worker-0", kube.ns, body)
 
@@ -68,6 +74,23 @@ def test_reports_become_a_history_read_by_the_client_and_the_cli(control_plane, 
         assert done.stdout.splitlines() == ["step,loss", "1,0.9", "2,0.8", "3,0.65"]
         table = cli(control_plane, kube, "metrics", "hist")
         assert table.returncode == 0 and "0.65" in table.stdout, table.stderr
+        # strategyjob tensorboard: no logdir reported yet, then one the API cannot exec into
+        # (this control plane has no kubelet)
+        copy = ["tensorboard", "hist", "--copy-only", "--copy-to", str(tmp_path / "copy")]
+        unsaid = cli(control_plane, kube, *copy)
+        assert unsaid.returncode == 2, unsaid.stderr
+        assert "StrategyJob hist has not said where it writes summaries" in unsaid.stderr
+        annotate(kube, 4, [(4, 0.6)], "2026-11-29T10:02:00Z", logdir="/workspace/logs")
+        wait_for(
+            "status.progress.logdir",
+            lambda: kube.job("hist")["status"]["progress"].get("logdir") == "/workspace/logs",
+        )
+        unreachable = cli(control_plane, kube, *copy)
+        assert unreachable.returncode == 1, unreachable.stderr
+        assert unreachable.stderr.strip() == (
+            "strategyjob tensorboard: error: cannot run tar in pod hist-worker-0: pod "
+            "hist-worker-0 does not have a host assigned"
+        )
         missing = cli(control_plane, kube, "metrics", "nope")
         assert missing.returncode != 0 and "nope" in missing.stderr
         neither = cli(control_plane, kube, "metrics")

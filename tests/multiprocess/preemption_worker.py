@@ -11,7 +11,8 @@ worker writes its pid to ``OUT/running-RANK`` and prints ``RUNNING K`` once it h
 ``K`` (for tests that signal it, the launcher or its pod from outside). At the end each worker
 writes its model and optimizer state to ``OUT/final-RANK.pt`` and prints ``RESULT {json}``
 (attempt, first step of the attempt, steps run) and ``STATE <sha256>``, a digest of that state's
-bytes (for tests that only see the workers' logs).
+bytes (for tests that only see the workers' logs). With ``REPORT=1`` in its environment each
+step is reported (``strategyjob.report``, the learning rate as its metric).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def main() -> None:
         sched.step()
 
     ran = []
+    reporting = os.environ.get("REPORT") == "1"
     while handler.total_run_calls < steps:
         s = handler.total_run_calls
         if attempt == 1 and rank == 1 and s == kill_step:
@@ -95,6 +97,8 @@ def main() -> None:
         handler.run(train_step, *batch(s))
         step += 1
         ran.append(s)
+        if reporting:
+            sj.report(s + 1, total_steps=steps, lr=sched.get_last_lr()[0])
         if mode == "mark" and s == kill_step:
             with open(os.path.join(out, f"running-{rank}.tmp"), "w") as f:
                 f.write(str(os.getpid()))

@@ -14,17 +14,20 @@ import copy
 import math
 import os
 import queue
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from strategyjob import jobspec
 from strategyjob._history import MetricHistory
 from strategyjob._names import GROUP, LABEL_JOB_NAME, PLURAL, VERSION
 from strategyjob.client._errors import to_cluster_error
 from strategyjob.client._logs import LogLine, merge_by_time, split_lines
+from strategyjob.client._summaries import SummaryCopy, leader_replica, reported_logdir, unpack
 from strategyjob.client._view import (
     STATES,
     ReplicaInfo,
@@ -331,6 +334,77 @@ class StrategyJobClient:
             raise self._error(e, "watch", "StrategyJob", job.name, job.namespace) from None
         finally:
             watch.stop()
+
+    # --- summaries ----------------------------------------------------------------------------
+    def copy_summaries(
+        self,
+        name: str,
+        into: str | os.PathLike[str],
+        namespace: str | None = None,
+        logdir: str | None = None,
+    ) -> SummaryCopy:
+        """Copy the leader's summaries (event files) out of its pod into the local directory
+        ``into``, files already there replaced by their newer copies. ``logdir``: the
+        directory inside the pod, by default the one the leader reported
+        (``status.progress.logdir``). Needs ``tar`` in the training container and a running
+        pod (the API cannot exec into a finished one)."""
+        ns = namespace or self.namespace
+        job = self.get(name, ns)
+        directory = logdir or reported_logdir(job)
+        pod, container = self._log_target(name, leader_replica(job), ns)
+        with tempfile.TemporaryFile() as archive:
+            self._exec_into(pod, ns, container, ["tar", "cf", "-", "-C", directory, "."], archive)
+            archive.seek(0)
+            try:
+                files = unpack(archive, Path(into))
+            except (tarfile.TarError, OSError) as e:
+                raise StrategyJobError(
+                    f"Could not unpack the summaries copied from {directory} in pod {pod} into "
+                    f"{into}: {e}"
+                ) from None
+        return SummaryCopy(pod=pod, logdir=directory, into=Path(into), files=files)
+
+    def _exec_into(
+        self, pod: str, ns: str, container: str, command: builtins.list[str], out: IO[bytes]
+    ) -> None:
+        """Run ``command`` in the container, its stdout written to ``out``; a failure (or an
+        exit code other than 0) raises one StrategyJobError quoting its stderr."""
+        from kubernetes.stream import stream
+
+        what = f"run {command[0]} in pod {pod}"
+        try:
+            client = stream(
+                self._core.connect_get_namespaced_pod_exec,
+                pod,
+                ns,
+                container=container,
+                command=command,
+                stdin=False,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                binary=True,
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
+            )
+        except Exception as e:
+            if not _is_transport_error(e):
+                raise
+            raise self._error(e, f"run {command[0]} in", "pod", pod, ns) from None
+        errors: builtins.list[bytes] = []
+        try:
+            while client.is_open():
+                client.update(timeout=1)
+                out.write(client.read_stdout() or b"")
+                errors.append(client.read_stderr() or b"")
+            out.write(client.read_stdout() or b"")
+            errors.append(client.read_stderr() or b"")
+            code = client.returncode
+        finally:
+            client.close()
+        if code:
+            said = b"".join(errors).decode("utf-8", "replace").strip()
+            raise StrategyJobError(f"Could not {what}: it exited with code {code}: {said}")
 
     # --- logs ---------------------------------------------------------------------------------
     def logs(

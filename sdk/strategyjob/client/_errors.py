@@ -88,8 +88,9 @@ def describe_api_error(
             reason or "Unauthorized",
         )
     if status == 400 and kind == "pod":
-        # e.g. 'container "strategyjob" in pod "x" is waiting to start: ContainerCreating'
-        return f"cannot read the logs of {what}: {server_message}", reason or "BadRequest"
+        # e.g. 'container "strategyjob" in pod "x" is waiting to start: ContainerCreating',
+        # 'pod x does not have a host assigned', 'cannot exec into a container in a completed pod'
+        return f"cannot {action} {what}: {server_message}", reason or "BadRequest"
     detail = server_message or "no message"
     return (
         f"cannot {action} {what} in {where}: the API server answered {status} "
@@ -160,10 +161,13 @@ def to_cluster_error(
 ) -> ClusterError:
     """The :class:`ClusterError` for an exception raised by the kubernetes client."""
     status = getattr(error, "status", None)
-    if isinstance(status, int) and status > 0 and hasattr(error, "body"):
+    answered, body = hasattr(error, "body"), getattr(error, "body", None)
+    if status == 0 and (refused := _refused_upgrade(str(getattr(error, "reason", "")))):
+        (status, body), answered = refused, True  # an exec's websocket upgrade was refused
+    if isinstance(status, int) and status > 0 and answered:
         message, reason = describe_api_error(
             status,
-            error.body,
+            body,
             action=action,
             kind=kind,
             name=name,
@@ -172,3 +176,14 @@ def to_cluster_error(
         cls = JobNotFoundError if status == 404 else ClusterError
         return cls(message, status=status, reason=reason)
     return ClusterError(describe_connection_error(server, error), reason="Unreachable")
+
+
+_UPGRADE_REFUSED = re.compile(r"^Handshake status (\d{3}) .*-\+-\+- (.*)$", re.S)
+
+
+def _refused_upgrade(reason: str) -> tuple[int, str] | None:
+    """The HTTP status and body of an API server's answer refusing a websocket upgrade (the
+    kubernetes client reports it as status 0, with ``Handshake status 400 Bad Request -+-+-
+    {headers} -+-+- {body}`` as its reason), or None for any other failure."""
+    match = _UPGRADE_REFUSED.match(reason)
+    return (int(match.group(1)), match.group(2)) if match else None

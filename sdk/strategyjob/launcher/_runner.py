@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -544,9 +545,14 @@ class _JobRun:
         )
 
     def _say_progress(self) -> None:
-        report = format_report(self.progress.poll())
+        last = self.progress.poll()
+        report = format_report(last)
         if report:
             self.say(f"  last progress report: {report}")
+        logdir = (last or {}).get("logdir")
+        if isinstance(logdir, str):  # strategyjob.summary's directory, announced in reports
+            serve = f"strategyjob tensorboard --logdir {shlex.quote(logdir)}"
+            self.say(f"  summaries in {logdir}; see them with {serve}")
 
     def _save_metrics(self) -> None:
         """Write the job's metric history where ``--metrics`` asked, and say so."""

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from strategyjob._progress import announce_logdir
 from strategyjob.summary._leader import this_process_writes
 from strategyjob.summary._state import STATE
 
@@ -208,7 +209,7 @@ def create_file_writer(
     if not isinstance(path, str) or not path:
         raise ValueError(f"logdir must be a non-empty path (got {logdir!r})")
     try:
-        return _FileWriter(
+        writer = _FileWriter(
             path,
             10 if max_queue is None else int(max_queue),
             120.0 if flush_millis is None else flush_millis / 1000,
@@ -223,6 +224,8 @@ def create_file_writer(
             stacklevel=3,
         )
         return _NoopWriter()
+    announce_logdir(path)  # the leader's reports name it: `strategyjob tensorboard NAME`
+    return writer
 
 
 def create_noop_writer() -> SummaryWriter:

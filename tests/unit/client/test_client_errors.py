@@ -348,3 +348,29 @@ def test_the_kubeconfig_context_namespace_is_the_default(tmp_path):
         assert (client.server, client.namespace) == ("https://127.0.0.1:6443", "ns-a")
     with StrategyJobClient(kubeconfig=kubeconfig, context="b") as client:
         assert client.namespace == "default"
+
+
+def test_a_refused_exec_upgrade_is_the_api_servers_answer_not_an_unreachable_server():
+    """An exec (``strategyjob tensorboard NAME``) goes over a websocket: the kubernetes client
+    reports the API server's refusal as status 0 with the answer folded into its reason."""
+    from kubernetes.client.exceptions import ApiException
+
+    body = (
+        '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":'
+        '"pod j-worker-0 does not have a host assigned","reason":"BadRequest","code":400}'
+    )
+    error = ApiException(
+        status=0, reason=f"Handshake status 400 Bad Request -+-+- {{'audit-id': 'x'}} -+-+- {body}"
+    )
+    got = to_cluster_error(
+        error, server="https://k", action="run tar in", kind="pod", name="j-worker-0", namespace="n"
+    )
+    assert str(got) == (
+        "cannot run tar in pod j-worker-0: pod j-worker-0 does not have a host assigned"
+    )
+    assert (got.status, got.reason) == (400, "BadRequest")
+    lost = to_cluster_error(
+        ApiException(status=0, reason="Connection refused"),
+        server="https://k", action="run tar in", kind="pod", name="j-worker-0", namespace="n",
+    )  # fmt: skip
+    assert lost.reason == "Unreachable"

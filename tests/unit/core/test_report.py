@@ -225,3 +225,57 @@ def test_report_is_a_cheap_torch_free_no_op_outside_a_job(tmp_path):
         "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={"PATH": ""})
+
+
+def test_a_created_summary_writer_rides_on_the_leaders_reports(leader_with_file, tmp_path):
+    """``strategyjob.summary.create_file_writer`` on the leader names its directory in every
+    later report: the directory above all of them (TensorBoard's ``--logdir``)."""
+    from strategyjob import summary
+
+    strategyjob.report(1, loss=0.5)
+    assert _progress._reporter().flush(5)
+    summary.create_file_writer(tmp_path / "logs" / "train")
+    summary.create_file_writer(tmp_path / "logs" / "validation")
+    strategyjob.report(2, loss=0.4)
+    assert _progress._reporter().flush(5)
+    records = [json.loads(line) for line in leader_with_file.read_text().splitlines()]
+    assert "logdir" not in records[0]
+    assert records[-1]["logdir"] == str(tmp_path / "logs")
+
+
+class ResendingSink(Sink):
+    """The annotation sink's way: room in a write is filled with points already written."""
+
+    resends_points = True
+    keeps_points = True
+    points_per_write = 4
+
+
+def test_a_write_the_operator_missed_leaves_no_gap_once_the_next_comes(reporters):
+    """An operator restarted between two annotations never sees the first: the next one
+    carries its points again (as many as fit), and folding a point twice changes nothing."""
+    from strategyjob._history import MetricHistory
+
+    sink = ResendingSink()
+    r = reporters(sink, interval=0.0)
+    for steps in ([1, 2, 3], [4], [5]):
+        for step in steps:
+            r.report({"step": step, "metrics": {"loss": 1.0 / step}})
+        assert r.flush(5)
+    written = [[step for step, _ in record["points"]] for record in sink.records]
+    # (how the reports group into writes depends on the publishing thread's timing)
+    assert written[-1] == [2, 3, 4, 5] and len(written) >= 3, written
+    for points in written:  # the newest already written, then the new: at most 4
+        assert points == list(range(points[0], points[-1] + 1)) and len(points) <= 4, written
+    for missed in range(1, len(written) - 1):  # one write never reached the operator
+        seen = MetricHistory()
+        for record in sink.records[:missed] + sink.records[missed + 1 :]:
+            seen.add_points(record["points"])
+        assert [step for step, _ in seen.series()["loss"]] == [1, 2, 3, 4, 5], (missed, written)
+    plain = Sink()
+    plain.keeps_points = True
+    r = reporters(plain, interval=0.0)
+    for step in (1, 2):
+        r.report({"step": step, "metrics": {"loss": 1.0}})
+        assert r.flush(5)
+    assert [[s for s, _ in x["points"]] for x in plain.records] == [[1], [2]]  # each once

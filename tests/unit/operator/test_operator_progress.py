@@ -117,3 +117,14 @@ def test_leader_report_reads_only_the_leaders_own_pod():
     pods = [pod("mw-worker-1", "u", 9), pod("mw-worker-0", "old", 8), pod("mw-worker-0", "u", 3)]
     assert progress.leader_report(job, pods, "u") == {"step": 3}
     assert progress.leader_report(job, pods[:2], "u") is None
+
+
+def test_the_logdir_is_kept_and_outlives_a_report_without_it():
+    """``status.progress.logdir`` (``strategyjob tensorboard NAME``): a path within the CRD's
+    bound is kept; a restarted leader reporting before it creates its writer keeps the last."""
+    assert progress.parse_report(ann(step=1, logdir="/out/logs"))["logdir"] == "/out/logs"
+    for bad in ("", 7, ["/x"], "/" + "x" * progress.MAX_LOGDIR):
+        assert "logdir" not in progress.parse_report(ann(step=1, logdir=bad)), bad
+    first = progress.aggregate({"step": 5, "logdir": "/out/logs"}, None)
+    assert first == {"step": 5, "logdir": "/out/logs"}
+    assert progress.aggregate({"step": 2}, first) == {"step": 2, "logdir": "/out/logs"}
