@@ -255,14 +255,16 @@ class _JobRun:
     def run(self) -> int:
         try:
             self.inbox = ResizeInbox(self.job.name)
-            return self._run()
+            code = self._run()
         finally:
             if self.inbox is not None:
                 self.inbox.close()
-            self._save_metrics()
-            if self.options.curves:
-                self._say_curves()
+            self.progress.poll()  # the last reports, flushed as the leader exited
             shutil.rmtree(self.progress_dir, ignore_errors=True)
+            self._save_metrics()
+        if self.options.curves:  # after a run that ended, not before an error's message
+            self._say_curves()
+        return code
 
     def _run(self) -> int:
         with self._signals_stop_the_job():
@@ -572,7 +574,6 @@ class _JobRun:
         last lines, where a failure's cause is, and the curves end the output, as a log's
         reader finds them. No metric: one line saying so, not an empty frame."""
         self.console.clear_status()
-        self.progress.poll()
         drawn = _drawn_curves(self.progress.history, shutil.get_terminal_size().columns)
         if not drawn:
             self.say("--curves: no metric was reported (strategyjob.report), no curve to draw")
@@ -589,7 +590,6 @@ class _JobRun:
         path = self.options.metrics_file
         if path is None:
             return
-        self.progress.poll()
         history = self.progress.history
         try:
             Path(path).write_text(history.to_json() + "\n", encoding="utf-8")
