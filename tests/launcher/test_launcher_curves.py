@@ -72,6 +72,18 @@ def test_on_a_terminal_the_curves_are_redrawn_below_the_replica_lines(tmp_path):
     assert final[-2].split() == ["1", "30"]  # the step axis, then the empty row of the cursor
 
 
+def test_the_curves_are_drawn_again_for_a_new_report_not_at_every_refresh(tmp_path):
+    source = "import time, strategyjob\nstrategyjob.report(1, loss=0.5)\ntime.sleep(2.5)\n"
+    manifest = write_job(tmp_path, {"worker": (1, source)})
+    code, output = run_in_terminal(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest), "--curves"], terminal_env()
+    )
+    assert code == 0, output
+    live = output[: output.index(SUMMARY)]
+    assert live.count("elapsed ") >= 4, output  # the status line, every 0.5 s
+    assert live.count("loss  last 0.5 at step 1") == 1, output
+
+
 def test_piped_the_curves_are_plain_lines_at_the_end(tmp_path):
     manifest = write_job(tmp_path, {"worker": (1, REPORTING.replace("0.1)", "0.01)"))})
     result = run_cli(manifest, "--curves", env=terminal_env())

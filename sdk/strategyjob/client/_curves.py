@@ -92,6 +92,6 @@ def terminal_curves(
         if len(names) * per_chart - 1 > lines:
             fit = max(0, lines) // per_chart
             drawn = terminal_curves({n: series[n] for n in names[:fit]}, columns, height=height)
-            rest = f"{len(names) - fit} more (no room): {', '.join(names[fit:])}"
+            rest = f"not drawn, no room: {', '.join(names[fit:])}"
             return f"{drawn}\n{rest}" if drawn else rest
     return curves(series, width=min(columns, TERMINAL_MAX_WIDTH), height=height)

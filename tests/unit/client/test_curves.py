@@ -49,6 +49,6 @@ def test_terminal_curves_fit_the_width_and_the_lines_given():
     assert max(len(line) for line in whole) <= 120  # wider, a few points are spread thin
     assert terminal_curves(series, columns=200, lines=26).splitlines() == whole
     two = terminal_curves(series, columns=60, lines=25).splitlines()
-    assert len(two) == 18 and two[-1] == "1 more (no room): lr"
+    assert len(two) == 18 and two[-1] == "not drawn, no room: lr"
     assert two[9].startswith("loss  last 2 at step 2")
-    assert terminal_curves(series, columns=60, lines=8) == "3 more (no room): acc, loss, lr"
+    assert terminal_curves(series, columns=60, lines=8) == "not drawn, no room: acc, loss, lr"
