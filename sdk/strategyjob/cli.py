@@ -67,10 +67,20 @@ def build_parser() -> argparse.ArgumentParser:
             "templates' terminationGracePeriodSeconds, else 10)"
         ),
     )
-    run.add_argument(
+    live = run.add_mutually_exclusive_group()
+    live.add_argument(
         "--no-status",
         action="store_true",
         help="do not show the live status line (it is shown only on a terminal anyway)",
+    )
+    live.add_argument(
+        "--curves",
+        action="store_true",
+        help=(
+            "draw the curves of the metrics the job reports (strategyjob.report) above the "
+            "status line, redrawn as reports arrive; and once more, as plain lines, when the "
+            "job ends (the only drawing when stdout is not a terminal)"
+        ),
     )
     run.add_argument(
         "--metrics",
@@ -263,6 +273,7 @@ def _run(args: argparse.Namespace) -> int:
     options = RunOptions(
         grace_period=args.grace_period,
         live_status=False if args.no_status else None,
+        curves=args.curves,
         metrics_file=args.metrics,
     )
     return run_file(args.manifest, options)
@@ -272,7 +283,7 @@ def _metrics(args: argparse.Namespace) -> int:
     import csv
 
     from strategyjob._history import MetricHistory
-    from strategyjob.client._curves import curves
+    from strategyjob.client._curves import terminal_curves
     from strategyjob.client._format import metrics_rows, metrics_table
 
     if (args.name is None) == (args.file is None):
@@ -304,8 +315,7 @@ def _metrics(args: argparse.Namespace) -> int:
         writer.writerow([h.lower() for h in headers])
         writer.writerows([[row[0], *(repr(v) if v != "" else "" for v in row[1:])] for row in rows])
     elif series and args.plot:
-        width = shutil.get_terminal_size().columns
-        print(curves(series, width=min(width, 120), height=8))
+        print(terminal_curves(series, shutil.get_terminal_size().columns, height=8))
     elif series:
         print(metrics_table(series))
     else:
@@ -490,14 +500,13 @@ def _status(args: argparse.Namespace) -> int:
 def _drawn_history(client: Any, name: str) -> str:
     """The job's metric history as curves fitting the terminal (``status --watch``); a
     history that cannot be read is one line there, never the end of the watch."""
-    from strategyjob.client._curves import curves
+    from strategyjob.client._curves import terminal_curves
 
     try:
         series = client.metrics(name)
     except ClusterError as e:
         return f"curves: {_one_line(str(e))}"
-    width = min(shutil.get_terminal_size().columns, 120)
-    return curves(series, width=width, height=6) if series else ""
+    return terminal_curves(series, shutil.get_terminal_size().columns) if series else ""
 
 
 def _logs(args: argparse.Namespace) -> int:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import resource
-import select
 import signal
 import subprocess
 import sys
@@ -23,6 +21,7 @@ from strategyjob.launcher import local_replica_limit
 from strategyjob.launcher._plan import ignored_template_fields
 
 from tests.support.processes import default_interrupts
+from tests.support.terminal import run_in_terminal
 
 SDK = Path(__file__).resolve().parents[2] / "sdk"
 pytestmark = pytest.mark.timeout(90)
@@ -906,33 +905,10 @@ def test_live_status_line_on_a_terminal(tmp_path):
         tmp_path,
         {"worker": (1, "import time\nprint('tick', flush=True)\ntime.sleep(1.2)\nprint('tock')\n")},
     )
-    leader, follower = pty.openpty()
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "strategyjob", "run", str(manifest)],
-        stdout=follower,
-        stderr=follower,
-        env=cli_env(),
+    code, screen = run_in_terminal(
+        [sys.executable, "-m", "strategyjob", "run", str(manifest)], cli_env()
     )
-    os.close(follower)
-    chunks = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([leader], [], [], 1.0)
-            if not ready:
-                continue
-            try:
-                data = os.read(leader, 4096)
-            except OSError:  # EIO: the launcher closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        os.close(leader)
-        launcher.wait(timeout=30)
-    screen = b"".join(chunks).decode()
-    assert launcher.returncode == 0
+    assert code == 0
     assert (
         "\r\x1b[Kstrategyjob: demo [MultiWorkerMirroredStrategy] running 1, succeeded 0" in screen
     )
@@ -1061,35 +1037,18 @@ def test_progress_in_the_live_status_line(tmp_path):
             )
         },
     )
-    leader, follower = pty.openpty()
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "strategyjob", "run", str(manifest)],
-        stdout=follower,
-        stderr=follower,
-        env=cli_env(),
-    )
-    os.close(follower)
-    screen = ""
-    deadline = time.monotonic() + 60
+
+    def seen(output: str) -> None:
+        if "step 3/4 (75%) loss=0.5" in output:
+            go.touch()
+
     try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([leader], [], [], 1.0)
-            if not ready:
-                continue
-            try:
-                data = os.read(leader, 4096)
-            except OSError:
-                break
-            if not data:
-                break
-            screen += data.decode()
-            if "step 3/4 (75%) loss=0.5" in screen:
-                go.touch()
+        code, screen = run_in_terminal(
+            [sys.executable, "-m", "strategyjob", "run", str(manifest)], cli_env(), seen=seen
+        )
     finally:
         go.touch()
-        os.close(leader)
-        launcher.wait(timeout=30)
-    assert launcher.returncode == 0
+    assert code == 0
     assert "running 1, succeeded 0, failed 0, elapsed " in screen
     status_lines = [s for s in screen.split("\r\x1b[K") if "step 3/4 (75%) loss=0.5" in s]
     assert any(

@@ -12,9 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["curve", "curves"]
+__all__ = ["curve", "curves", "terminal_curves"]
 
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
+#: The widest and the rows of the charts the terminal views draw (``status --watch``,
+#: ``run --curves``): wider, a chart spreads few points thin.
+TERMINAL_MAX_WIDTH = 120
+TERMINAL_HEIGHT = 6
 Points = Sequence[tuple[int, float]]
 
 
@@ -71,3 +75,23 @@ def curve(name: str, points: Points, width: int = 60, height: int = 6) -> list[s
 def curves(series: Mapping[str, Points], width: int = 60, height: int = 6) -> str:
     """Every metric's :func:`curve`, one under the other, a blank line apart."""
     return "\n\n".join("\n".join(curve(n, p, width, height)) for n, p in sorted(series.items()))
+
+
+def terminal_curves(
+    series: Mapping[str, Points],
+    columns: int,
+    lines: int | None = None,
+    height: int = TERMINAL_HEIGHT,
+) -> str:
+    """:func:`curves` as the terminal views draw them: ``columns`` wide (at most 120). With
+    ``lines``, only the charts that fit in that many lines, then one line naming the others:
+    a live block taller than the screen cannot be redrawn in place."""
+    if lines is not None:
+        names = sorted(series)
+        per_chart = height + 3  # header, rows, axis, and the blank line between charts
+        if len(names) * per_chart - 1 > lines:
+            fit = max(0, lines) // per_chart
+            drawn = terminal_curves({n: series[n] for n in names[:fit]}, columns, height=height)
+            rest = f"not drawn, no room: {', '.join(names[fit:])}"
+            return f"{drawn}\n{rest}" if drawn else rest
+    return curves(series, width=min(columns, TERMINAL_MAX_WIDTH), height=height)

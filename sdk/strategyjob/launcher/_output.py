@@ -1,26 +1,52 @@
 """The launcher's terminal output: replica lines prefixed with their role and
-index, and (on a TTY) one live status line kept below them."""
+index, and (on a TTY) a live block kept below them: the status line, and above it what
+``--curves`` draws."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from strategyjob._history import MetricHistory
 
-_CLEAR_LINE = "\r\x1b[K"
+
+def _terminal_columns() -> int:
+    return shutil.get_terminal_size().columns
+
+
+def _erase(rows: int) -> str:
+    """Back to the start of a block ``rows`` rows high that ends at the cursor, erased (one
+    row or none: the cursor's line)."""
+    return f"\r\x1b[{rows - 1}A\x1b[J" if rows > 1 else "\r\x1b[K"
 
 
 class Console:
-    """Thread-safe writer shared by the replicas' reader threads and the launcher."""
+    """Thread-safe writer shared by the replicas' reader threads and the launcher.
 
-    def __init__(self, out: TextIO, live_status: bool) -> None:
+    The live block (on a TTY only) is written last, without a final newline, so the cursor
+    stays on its last row: a replica line erases it (back up as many rows as it took, a
+    wrapped line counting each of its rows, ``columns`` giving the terminal's width), takes
+    its place, and the block is written again below it."""
+
+    def __init__(
+        self, out: TextIO, live_status: bool, columns: Callable[[], int] = _terminal_columns
+    ) -> None:
         self._out = out
         self._live = live_status
+        self._columns = columns
+        self._above: list[str] = []  # the block's lines above the status line
         self._status = ""
+        self._rows = 0  # the rows the block takes on the screen now (0: none shown)
         self._lock = threading.Lock()
         self._closed = False  # the reader went away (e.g. `strategyjob run ... | head`)
+
+    @property
+    def live(self) -> bool:
+        """Whether the live block is drawn (stdout is a terminal, and not ``--no-status``)."""
+        return self._live
 
     def _write(self, text: str) -> None:
         if self._closed:
@@ -32,31 +58,49 @@ class Console:
             # Keep supervising the job even when nobody reads its output any more.
             self._closed = True
 
+    def _height(self, lines: Sequence[str]) -> int:
+        columns = max(1, self._columns())
+        return sum(max(1, -(-len(line) // columns)) for line in lines)
+
+    def _block(self) -> str:
+        """The block's text; sets :attr:`_rows` to the rows it takes."""
+        lines = [*self._above, self._status]
+        self._rows = self._height(lines)
+        return "\n".join(lines)
+
     def replica_line(self, name: str, line: str) -> None:
         self.line(f"[{name}] {line}")
 
     def line(self, text: str) -> None:
         with self._lock:
-            if self._live and self._status:
-                self._write(_CLEAR_LINE + text + "\n" + self._status)
+            if self._rows:
+                self._write(_erase(self._rows) + text + "\n" + self._block())
             else:
                 self._write(text + "\n")
 
-    def status(self, text: str) -> None:
-        """Replace the live status line (no-op unless live status is on)."""
+    def status(self, text: str, above: Sequence[str] = ()) -> None:
+        """Replace the live block: the ``above`` lines (one row each at most, or they wrap),
+        then the status line ``text``. Only the status line is rewritten when ``above`` is
+        unchanged. A no-op unless live status is on."""
         if not self._live:
             return
         with self._lock:
-            self._status = text
-            self._write(_CLEAR_LINE + text)
+            if self._rows and list(above) == self._above:
+                erase = _erase(self._height([self._status]))
+                self._status = text
+                self._rows = self._height([*self._above, text])
+                self._write(erase + text)
+                return
+            erase = _erase(self._rows)  # nothing shown yet: the line the cursor is on
+            self._above, self._status = list(above), text
+            self._write(erase + self._block())
 
     def clear_status(self) -> None:
-        if not self._live:
-            return
+        """Erase the live block (before a summary, which stays below the replicas' lines)."""
         with self._lock:
-            if self._status:
-                self._write(_CLEAR_LINE)
-            self._status = ""
+            if self._rows:
+                self._write(_erase(self._rows))
+            self._above, self._status, self._rows = [], "", 0
 
 
 def format_elapsed(seconds: float) -> str:

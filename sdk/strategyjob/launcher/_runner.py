@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+from strategyjob._history import MetricHistory
 from strategyjob._names import ENV_CLUSTER_FILE
 from strategyjob.jobspec import (
     ENV_PROGRESS_FILE,
@@ -83,12 +84,15 @@ class RunOptions:
     templates, as the kubelet gives each pod its own, else 10). ``finish_timeout``: after
     success, how long the other chief/worker replicas may take to finish on their own
     before they are stopped. ``metrics_file``: where to write the history of the metrics
-    the job reported (``strategyjob.report``) when it ends (None: not kept)."""
+    the job reported (``strategyjob.report``) when it ends (None: not kept). ``curves``:
+    draw those metrics' curves above the live status line, and once more when the job ends
+    (``strategyjob run --curves``)."""
 
     grace_period: float | None = None
     finish_timeout: float = 30.0
     live_status: bool | None = None  # None: when stdout is a TTY
     metrics_file: str | Path | None = None
+    curves: bool = False
 
     def __post_init__(self) -> None:
         # A negative or NaN duration would be taken as 0 further down (SIGKILL at once), and
@@ -243,6 +247,8 @@ class _JobRun:
         if job.strategy == _resize.RESIZABLE_STRATEGY:
             self.job_env[ENV_CLUSTER_FILE] = str(self.cluster_file)
         self.cluster: dict[str, list[str]] = {}
+        self.curves_of: object = None  # the report the live curves were drawn for
+        self.live_curves: list[str] = []
         self.launches: dict[ReplicaKey, ReplicaLaunch] = {}
         self.inbox: ResizeInbox | None = None
 
@@ -250,12 +256,16 @@ class _JobRun:
     def run(self) -> int:
         try:
             self.inbox = ResizeInbox(self.job.name)
-            return self._run()
+            code = self._run()
         finally:
             if self.inbox is not None:
                 self.inbox.close()
-            self._save_metrics()
+            self.progress.poll()  # the last reports, flushed as the leader exited
             shutil.rmtree(self.progress_dir, ignore_errors=True)
+            self._save_metrics()
+        if self.options.curves:  # after a run that ended, not before an error's message
+            self._say_curves()
+        return code
 
     def _run(self) -> int:
         with self._signals_stop_the_job():
@@ -541,8 +551,35 @@ class _JobRun:
         self.console.status(
             f"{_PREFIX} {self.job.name} [{self.job.strategy}] running {running}, "
             f"succeeded {succeeded}, failed {failed}{restarts}, elapsed {self.elapsed()}"
-            + (f", {report}" if report else "")
+            + (f", {report}" if report else ""),
+            above=self._live_curves(),
         )
+
+    def _live_curves(self) -> list[str]:
+        """``--curves`` on a terminal: the curves above the status line (a blank line above
+        them), drawn again only when a new report came, and as many as leave the screen
+        ~8 rows for the replicas' lines."""
+        if not (self.options.curves and self.console.live):
+            return []
+        if self.progress.last is not self.curves_of:
+            self.curves_of = self.progress.last
+            size = shutil.get_terminal_size()
+            drawn = _drawn_curves(self.progress.history, size.columns, lines=size.lines - 10)
+            self.live_curves = ["", *drawn.splitlines()] if drawn else []
+        return self.live_curves
+
+    def _say_curves(self) -> None:
+        """``--curves``: the metrics' curves as plain lines once the job has ended, so that a
+        log keeps them (piped, the only drawing) and the terminal too (the live block is gone).
+        After the summary rather than before it: the summary stays right under the replicas'
+        last lines, where a failure's cause is, and the curves end the output, as a log's
+        reader finds them. No metric: one line saying so, not an empty frame."""
+        self.console.clear_status()
+        drawn = _drawn_curves(self.progress.history, shutil.get_terminal_size().columns)
+        if not drawn:
+            self.say("--curves: no metric was reported (strategyjob.report), no curve to draw")
+            return
+        self.console.line(drawn)
 
     def _say_progress(self) -> None:
         last = self.progress.poll()
@@ -559,7 +596,6 @@ class _JobRun:
         path = self.options.metrics_file
         if path is None:
             return
-        self.progress.poll()
         history = self.progress.history
         try:
             Path(path).write_text(history.to_json() + "\n", encoding="utf-8")
@@ -602,6 +638,16 @@ class _JobRun:
         finally:
             for number, old in previous.items():
                 signal.signal(number, old)
+
+
+def _drawn_curves(history: MetricHistory, columns: int, lines: int | None = None) -> str:
+    """The history's curves as the terminal views draw them; "" when it has no point.
+    Imported here: the cluster client that ``strategyjob.client`` loads (~50 ms) is not needed
+    by a run without ``--curves``."""
+    from strategyjob.client._curves import terminal_curves
+
+    series = history.series()
+    return terminal_curves(series, columns, lines) if series else ""
 
 
 def _names(keys: Iterable[ReplicaKey]) -> str:

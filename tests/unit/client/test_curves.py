@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from strategyjob.client._curves import curve, curves
+from strategyjob.client._curves import curve, curves, terminal_curves
 
 
 def test_a_rising_series_is_an_area_chart_with_its_labels():
@@ -40,3 +40,15 @@ def test_every_metric_is_drawn_in_name_order():
         "acc  last 0.9 at step 2",
         "loss  last 0.5 at step 2",
     ]
+
+
+def test_terminal_curves_fit_the_width_and_the_lines_given():
+    series = {name: [(1, 1.0), (2, 2.0)] for name in ("acc", "loss", "lr")}
+    whole = terminal_curves(series, columns=200).splitlines()
+    assert len(whole) == 3 * 9 - 1  # header, 6 rows, axis; a blank line between charts
+    assert max(len(line) for line in whole) <= 120  # wider, a few points are spread thin
+    assert terminal_curves(series, columns=200, lines=26).splitlines() == whole
+    two = terminal_curves(series, columns=60, lines=25).splitlines()
+    assert len(two) == 18 and two[-1] == "not drawn, no room: lr"
+    assert two[9].startswith("loss  last 2 at step 2")
+    assert terminal_curves(series, columns=60, lines=8) == "not drawn, no room: acc, loss, lr"
