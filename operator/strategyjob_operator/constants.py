@@ -75,6 +75,9 @@ STALLED = "Stalled"
 #: chief follows every worker the spec asks for.
 RESIZING = "Resizing"
 REASON_RESIZING = "Resizing"
+#: Resizing, but a worker it added cannot start (unschedulable, its image does not pull): the
+#: job runs on at its old size.
+REASON_RESIZE_STALLED = "ResizeStalled"
 REASON_RESIZED = "Resized"
 REASON_NOT_STALLED = "PodsProgressing"
 REASON_PENDING_TIMEOUT = "PendingTimeoutExceeded"

@@ -144,18 +144,31 @@ def decide(
     lost_pod_seconds: float = DEFAULT_LOST_POD_SECONDS,
     optional_types: tuple[str, ...] = OPTIONAL_TYPES,
     reforms: bool = False,
+    joining: frozenset[tuple[str, int]] = frozenset(),
 ) -> Plan:
     """The next step for ``job``, given its current ``status``, the pods that exist
     (``replicas``) and the time ``now``. Pure: the caller carries the plan out.
     ``lost_pod_seconds``: how long a pod may be in phase Unknown before its replica fails.
     ``reforms``: a change of the worker count re-forms the job (:func:`_reform`).
+    ``joining``: workers a resize added that the running job does not use yet (a
+    ParameterServerStrategy job's chief takes them once Ready): one that cannot start
+    neither stalls nor fails the job, which runs on at its old size (the Resizing
+    condition says why).
 
     Never raises for what a job or its status holds: a value no check foresaw fails the
     job once, with a Failed condition and Event naming the problem, instead of an
     exception on every pass that leaves the job stuck without a word."""
     try:
         return _decide(
-            job, generation, status, replicas, now, lost_pod_seconds, optional_types, reforms
+            job,
+            generation,
+            status,
+            replicas,
+            now,
+            lost_pod_seconds,
+            optional_types,
+            reforms,
+            joining,
         )
     except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as e:
         logger.exception("StrategyJob %s/%s: cannot decide", job.namespace, job.name)
@@ -208,6 +221,8 @@ class _Pass:
     requeue: float | None = None
     #: A change of the worker count re-forms the job (a MultiWorkerMirroredStrategy job).
     reforms: bool = False
+    #: Workers a resize added that the job does not use yet (see :func:`decide`).
+    joining: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def status(self) -> dict[str, Any]:
@@ -226,6 +241,7 @@ def _decide(
     lost_after: float = DEFAULT_LOST_POD_SECONDS,
     optional_types: tuple[str, ...] = OPTIONAL_TYPES,
     reforms: bool = False,
+    joining: frozenset[tuple[str, int]] = frozenset(),
 ) -> Plan:
     """The decision ladder: a finished job is cleaned up; otherwise each phase in turn either
     returns the plan (it decided) or None (the next phase decides), and the last one keeps the
@@ -234,7 +250,7 @@ def _decide(
     if cond.is_true(conds, c.SUCCEEDED) or cond.is_true(conds, c.FAILED):
         return decide_finished(job, status, replicas, now)
     p = _open_pass(job, generation, status, conds, replicas, now, lost_after, optional_types)
-    p.reforms = reforms
+    p.reforms, p.joining = reforms, joining
     for phase in (
         _suspend_or_start,
         _past_deadline,
@@ -385,7 +401,10 @@ def _pending_too_long(p: _Pass) -> Plan | None:
     pending = [
         r
         for k in job.replicas()
-        if (r := p.replicas.get(k)) is not None and not r.terminating and r.phase == "Pending"
+        if (r := p.replicas.get(k)) is not None
+        and not r.terminating
+        and r.phase == "Pending"
+        and k not in p.joining  # the job runs without it: the Resizing condition names it
     ]
     timeout = job.run_policy.pending_timeout_seconds
     if timeout is not None:

@@ -363,6 +363,7 @@ class Reconciler:
             lost_pod_seconds=self.settings.lost_pod_seconds,
             optional_types=loaded.optional_types,
             reforms=scaling.reforms(job, loaded.tfjob),
+            joining=scaling.joining(job, members),
         )
         if plan.action is not decide.Action.NONE:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
@@ -441,7 +442,7 @@ class Reconciler:
                 retry = min(retry or BLOCKED_RETRY_SECONDS, BLOCKED_RETRY_SECONDS)
         resizing = cond.is_true(plan_status.get("conditions") or [], c.RESIZING)
         if scaling.resizable(job, loaded.tfjob) and (members is not None or resizing):
-            held = scaling.resize_condition(job, members)
+            held = scaling.resize_condition(job, members, replicas)
             plan_status = dict(plan_status)
             if members is not None:
                 plan_status["workers"] = len(members.workers)

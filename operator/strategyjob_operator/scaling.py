@@ -21,7 +21,9 @@ from typing import Any
 from strategyjob import jobspec
 
 from strategyjob_operator import constants as c
+from strategyjob_operator.observe import Replica
 from strategyjob_operator.replica_status import format_indexes, parse_indexes
+from strategyjob_operator.stalls import stuck_cause
 
 #: Where the chief of a resizable job finds the workers it follows, and the ConfigMap's keys:
 #: the file (TF_CONFIG's ``cluster``, workers as ``{index: address}``), the workers in it, and
@@ -182,10 +184,25 @@ def added_workers(
     ]
 
 
-def resize_condition(job: jobspec.StrategyJob, members: Members | None) -> tuple[bool, str, str]:
+def joining(job: jobspec.StrategyJob, members: Members | None) -> frozenset[tuple[str, int]]:
+    """The spec's workers the chief does not follow yet: a resize added them and their pods
+    are not Ready (``decide``'s ``joining``)."""
+    if members is None:
+        return frozenset()
+    count = job.num_replicas("worker")
+    return frozenset(("worker", i) for i in range(count) if i not in members.workers)
+
+
+def resize_condition(
+    job: jobspec.StrategyJob,
+    members: Members | None,
+    replicas: Mapping[tuple[str, int], Replica] | None = None,
+) -> tuple[bool, str, str]:
     """``Resizing``: (status, reason, message). True while the chief follows other workers
-    than the spec's, naming those it waits for; False once it follows them all, or once the
-    job stopped running (``members`` None: suspended or over)."""
+    than the spec's, naming those it waits for, and why when their pods (in the observed
+    ``replicas``) cannot start (reason ``ResizeStalled``: the job runs on at its old size
+    meanwhile); False once it follows them all, or once the job stopped running (``members``
+    None: suspended or over)."""
     if members is None:
         return False, c.REASON_RESIZED, f"StrategyJob {job.name} is not running."
     wanted = tuple(range(job.num_replicas("worker")))
@@ -193,13 +210,24 @@ def resize_condition(job: jobspec.StrategyJob, members: Members | None) -> tuple
         return False, c.REASON_RESIZED, f"StrategyJob {job.name} runs {len(wanted)} workers."
     waiting = [job.pod_name("worker", i) for i in wanted if i not in members.workers]
     shown = ", ".join(waiting[:3]) + (f" and {len(waiting) - 3} more" if len(waiting) > 3 else "")
+    message = (
+        f"StrategyJob {job.name}: resizing to {len(wanted)} workers; the chief follows "
+        f"{len(members.workers)}, waiting for {shown} to be Ready."
+    )
+    blocked = [
+        (r.name, stuck_cause(r))
+        for k in sorted(joining(job, members))
+        if (r := (replicas or {}).get(k)) is not None and r.stuck_reason
+    ]
+    if not blocked:
+        return True, c.REASON_RESIZING, message
+    name, cause = blocked[0]
+    more = f" ({len(blocked) - 1} more cannot start either)" if len(blocked) > 1 else ""
     return (
         True,
-        c.REASON_RESIZING,
-        (
-            f"StrategyJob {job.name}: resizing to {len(wanted)} workers; the chief follows "
-            f"{len(members.workers)}, waiting for {shown} to be Ready."
-        ),
+        c.REASON_RESIZE_STALLED,
+        f"{message} Pod {name} cannot start: {cause.rstrip('.')}{more}; the job runs on with "
+        f"{len(members.workers)} workers meanwhile.",
     )
 
 

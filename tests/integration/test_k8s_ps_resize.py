@@ -8,6 +8,7 @@ change."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from integration_harness import manifest, wait_for
@@ -188,6 +189,53 @@ def test_a_mwms_job_re_forms_at_each_new_size_from_its_checkpoint(kube, operator
     group(2, 2)
     wait_for("status.workers 2 again", lambda: kube.job("mwms")["status"].get("workers") == 2)
     assert not kube.condition("mwms", "Failed")
+
+
+def test_a_worker_added_that_cannot_start_leaves_the_job_running_at_its_old_size(
+    kube, operator, control_plane
+):
+    """Scaled 2 -> 3, the new worker finds no node (this control plane's scheduler has none):
+    past pendingTimeoutSeconds the job neither fails nor stalls; Resizing (ResizeStalled)
+    quotes the scheduler and says the job runs on with 2 workers; once the pod starts the
+    chief takes it."""
+    m = manifest("stuckgrow", "ParameterServerStrategy", {"chief": 1, "ps": 1, "worker": 2})
+    m["spec"]["runPolicy"] = {"pendingTimeoutSeconds": 3}
+    kube.create_job(m)
+    for name in kube.wait_pods("stuckgrow", 4):
+        make_ready(kube, name)
+    kube.wait_condition("stuckgrow", "Running")
+    done = control_plane.kubectl("scale", "sjob/stuckgrow", "--replicas=3", "-n", kube.ns)
+    assert done.returncode == 0, done.stderr
+    held = wait_for(
+        "Resizing: ResizeStalled",
+        lambda: (
+            (r := condition_of(kube, "stuckgrow", "Resizing"))
+            and r["reason"] == "ResizeStalled"
+            and r
+        ),
+    )
+    assert held["status"] == "True"
+    assert "Pod stuckgrow-worker-2 cannot start: Unschedulable: " in held["message"]
+    assert held["message"].endswith("the job runs on with 2 workers meanwhile.")
+    created = kube.pods("stuckgrow")["stuckgrow-worker-2"].metadata.creation_timestamp
+    # past the pending timeout (3 s) and a pass after it: no verdict comes to wait for
+    wait_for(
+        "5 s past the new pod's creation",
+        lambda: datetime.now(UTC) > created + timedelta(seconds=5),
+        timeout=30,
+        interval=0.2,
+    )
+    job = kube.job("stuckgrow")
+    assert not kube.condition("stuckgrow", "Failed"), job["status"]["conditions"]
+    stalled = condition_of(kube, "stuckgrow", "Stalled")
+    assert stalled is None or stalled["status"] == "False", stalled
+    assert (job["status"]["state"], job["status"]["workers"]) == ("Running", 2)
+    make_ready(kube, "stuckgrow-worker-2")
+    settled = wait_for(
+        "Resizing False",
+        lambda: (r := condition_of(kube, "stuckgrow", "Resizing")) and r["status"] == "False" and r,
+    )
+    assert settled["message"] == "StrategyJob stuckgrow runs 3 workers."
 
 
 def uids_of(kube, job: str) -> dict[str, str]:

@@ -464,3 +464,23 @@ def test_a_restarted_job_creates_no_pod_while_one_of_the_run_before_terminates()
     assert plan.action is Action.NONE and plan.create == ()
     plan, status = run(j, status, {})  # the old run is gone: the new one starts whole
     assert plan.action is Action.CREATE and plan.create == (("worker", 0), ("worker", 1))
+
+
+def test_a_worker_a_resize_added_that_cannot_start_neither_stalls_nor_fails_the_job():
+    """A ParameterServerStrategy job scaled 2 -> 3 whose worker-2 finds no node: past the
+    pending timeout the job runs on at its old size (the Resizing condition says why, see
+    scaling.resize_condition); a worker it already used that cannot start still fails it."""
+    j = job(
+        {"chief": 1, "worker": 3, "ps": 1},
+        strategy="ParameterServerStrategy",
+        pendingTimeoutSeconds=600,
+    )
+    running = [pod(t, i) for t, i in (("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1))]
+    new = pod("worker", 2, "Pending", conditions=UNSCHEDULABLE, node=None)
+    replicas = seen(j, *running, new)
+    plan = decide(j, 1, launched(), replicas, NOW, joining=frozenset({("worker", 2)}))
+    assert plan.action is not Action.FAIL
+    assert stalled(plan.status) is None or stalled(plan.status)["status"] == "False"
+    assert "j-worker-2" not in plan.delete_pods
+    plan = decide(j, 1, launched(), replicas, NOW)  # a worker it used: fails as before
+    assert plan.action is Action.FAIL

@@ -135,3 +135,30 @@ def test_the_chief_follows_the_members_file_and_no_other_pod_does():
     members = children.build_members_config_map(job, owner, scaling.initial_members(job))
     assert members["metadata"]["name"] == "mnist-strategyjob-members"
     assert "immutable" not in members
+
+
+def test_the_resizing_condition_says_why_an_added_worker_cannot_start():
+    """Its pod is unschedulable: reason ResizeStalled, the scheduler's words, and that the job
+    runs on at its old size."""
+    from strategyjob_operator.observe import Replica
+
+    stuck = Replica(
+        "worker",
+        3,
+        "mnist-worker-3",
+        "Pending",
+        stuck_reason="Unschedulable",
+        stuck_message="0/2 nodes are available: 2 Insufficient cpu.",
+    )
+    members = scaling.Members((0, 1), 4)
+    assert scaling.joining(resized(4), members) == {("worker", 2), ("worker", 3)}
+    held = scaling.resize_condition(resized(4), members, {("worker", 3): stuck})
+    assert held == (
+        True,
+        c.REASON_RESIZE_STALLED,
+        "StrategyJob mnist: resizing to 4 workers; the chief follows 2, waiting for "
+        "mnist-worker-2, mnist-worker-3 to be Ready. Pod mnist-worker-3 cannot start: "
+        "Unschedulable: 0/2 nodes are available: 2 Insufficient cpu; the job runs on with 2 "
+        "workers meanwhile.",
+    )
+    assert scaling.joining(resized(4), None) == frozenset()
