@@ -1,6 +1,7 @@
 """A ParameterServerStrategy job resized while it trains on a real cluster (issue 30):
-``kubectl scale`` 2 -> 3 -> 1. The chief's coordinator takes the new worker once its pod is
-Ready (the operator's members ConfigMap, refreshed in the chief's pod by the kubelet when the
+``kubectl scale`` 2 -> 3 -> 1, and a HorizontalPodAutoscaler driving the worker count from the
+workers' CPU (metrics-server, built here). The chief's coordinator takes the new worker once its
+pod is Ready (the operator's members ConfigMap, refreshed in the chief's pod by the kubelet when the
 operator annotates the pod) and lets the removed ones go; nothing that stays is restarted, no
 step is lost, and the job succeeds."""
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from datetime import UTC
+from pathlib import Path
 
 import pytest
 from strategyjob.client import StrategyJobClient
@@ -21,6 +23,7 @@ from e2e.e2e_support import STEP_LINE, Namespace, example, losses, wait_for
 from tests.support.kind import report
 
 JOB, CHIEF = "digits-ps", "digits-ps-chief-0"
+KIND_TOOLS = Path(__file__).resolve().parents[2] / "tools" / "kind"
 
 
 def scale(ns: Namespace, replicas: int) -> float:
@@ -97,6 +100,92 @@ def test_a_ps_job_resized_while_training_restarts_nothing_and_loses_no_step(
     assert all(statuses[t].get("restarts", 0) == 0 for t in ("chief", "ps", "worker")), statuses
     assert not re.search(r"Traceback", chief), chief
     assert copied and copied == [s for s, _ in points[: len(copied)]], (copied, points)
+
+
+@pytest.fixture(scope="module")
+def metrics_api(cluster) -> None:
+    """metrics-server in the session's kind cluster (built by tools/kind/metrics-server.sh:
+    minutes the first time, cached after), serving node metrics."""
+    if cluster.kind is None:
+        pytest.skip("metrics-server is built for the session's kind cluster")
+    built = subprocess.run(
+        ["bash", str(KIND_TOOLS / "metrics-server.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert built.returncode == 0, built.stderr
+    image, manifest = built.stdout.split()
+    cluster.kind.load(image)
+    cluster.kubectl("apply", "-f", "-", input=Path(manifest).read_text().replace("IMAGE", image))
+
+    def serving() -> bool:
+        try:
+            nodes = json.loads(
+                cluster.kubectl("get", "--raw", "/apis/metrics.k8s.io/v1beta1/nodes")
+            )
+        except AssertionError:  # not registered, or no scrape yet
+            return False
+        return bool(nodes.get("items"))
+
+    wait_for("the metrics API serving node metrics", serving, 180, 2.0)
+
+
+@pytest.mark.timeout(600)
+def test_a_horizontal_pod_autoscaler_grows_a_ps_jobs_workers_while_it_trains(
+    ns: Namespace, metrics_api
+):
+    """An HPA on the StrategyJob's scale subresource (its selector: the worker pods), the
+    workers' CPU far over its 50 % target: it scales the job 2 -> 3 (its maxReplicas, within
+    the job's own bounds) and the chief takes the new worker without a restart."""
+    manifest = example("digits_ps", env={"chief": {"STEPS": "100000", "LOG_EVERY": "60"}})
+    workers = manifest["spec"]["replicaSpecs"]["worker"]
+    workers["minReplicas"], workers["maxReplicas"] = 2, 3
+    for container in workers["template"]["spec"]["containers"]:
+        container["resources"] = {"requests": {"cpu": "100m"}}  # busy workers: far over 50 %
+    ns.apply(manifest)
+    ns.wait_log(CHIEF, r"step 120/", timeout=180)
+    before = {p.metadata.name: p.metadata.uid for p in ns.pods(JOB)}
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": JOB},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "strategyjob.dev/v1alpha1",
+                "kind": "StrategyJob",
+                "name": JOB,
+            },
+            "minReplicas": 2,
+            "maxReplicas": 3,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": 50},
+                    },
+                }
+            ],
+        },
+    }
+    created = time.time()
+    ns.cluster.kubectl("apply", "-n", ns.name, "-f", "-", input=json.dumps(hpa))
+    ns.wait_log(CHIEF, r"workers resized \(joined: /job:worker/replica:0/task:2\)", timeout=300)
+    joined = time.time()
+    job = ns.job(JOB)
+    assert job["spec"]["replicaSpecs"]["worker"]["replicas"] == 3
+    status = json.loads(ns.cluster.kubectl("get", "hpa", JOB, "-n", ns.name, "-o", "json"))[
+        "status"
+    ]
+    assert status["desiredReplicas"] == 3, status
+    after = {p.metadata.name: p.metadata.uid for p in ns.pods(JOB)}
+    assert all(after[name] == uid for name, uid in before.items()), "a pod was replaced"
+    usage = [m.get("resource", {}).get("current", {}) for m in status.get("currentMetrics") or []]
+    report(
+        f"HPA on kind: the autoscaler (CPU target 50 %, the workers at {usage}) grew the job "
+        f"2 -> 3 and the chief took worker-2 {joined - created:.0f} s after the HPA was created"
+    )
 
 
 def copy_summaries(ns: Namespace, into) -> list[int]:
