@@ -298,14 +298,6 @@ class Reporter:
         with self._cond:
             self.logdirs.add(os.path.abspath(path))
 
-    @property
-    def logdir(self) -> str | None:
-        """The directory above every summary directory of this process (TensorBoard's
-        ``--logdir``: ``logs/train`` and ``logs/validation`` give ``logs``)."""
-        with self._cond:
-            dirs = sorted(self.logdirs)
-        return os.path.commonpath(dirs) if dirs else None
-
     def flush(self, timeout: float = _EXIT_FLUSH_SECONDS) -> bool:
         """Send the pending record now and wait until nothing is pending or being written,
         at most ``timeout`` seconds. Returns whether everything was written (or failed)."""
@@ -346,8 +338,7 @@ class Reporter:
                             record = {**record, "points": self._with_resent(self.points)}
                             self.points = []
                         if self.logdirs:
-                            dirs = sorted(self.logdirs)
-                            record = {**record, "logdir": os.path.commonpath(dirs)}
+                            record = {**record, "logdir": _common_logdir(self.logdirs)}
                         self._writing = True
                         return record
                     self._cond.wait(wait)
@@ -464,6 +455,14 @@ def report(step: int, total_steps: int | None = None, **metrics: Any) -> None:
             reporter.report(record)
     except Exception:  # never into the training loop, whatever happens
         logger.debug("strategyjob.report failed", exc_info=True)
+
+
+def _common_logdir(dirs: set[str]) -> str:
+    """The directory above every summary directory (TensorBoard's ``--logdir``: ``logs/train``
+    and ``logs/validation`` give ``logs``); the first of them when only ``/`` is above all."""
+    ordered = sorted(dirs)
+    common = os.path.commonpath(ordered)
+    return common if common != os.path.dirname(common) else ordered[0]
 
 
 def announce_logdir(path: str) -> None:

@@ -42,6 +42,8 @@ _WATCH_SLICE_SECONDS = 60.0
 #: How long a followed log may stay silent (a training step can take hours); the client
 #: rejects "no read timeout" in some versions, so it is merely very long.
 _FOLLOW_READ_TIMEOUT = 7 * 24 * 3600.0
+#: The longest a command run in a pod (``copy_summaries``' tar) may take.
+_EXEC_TIMEOUT = 600.0
 
 
 def _kubernetes() -> Any:
@@ -392,8 +394,13 @@ class StrategyJobClient:
                 raise
             raise self._error(e, f"run {command[0]} in", "pod", pod, ns) from None
         errors: builtins.list[bytes] = []
+        deadline = time.monotonic() + _EXEC_TIMEOUT
         try:
             while client.is_open():
+                if time.monotonic() > deadline:
+                    raise StrategyJobError(
+                        f"Could not {what}: it did not finish within {_EXEC_TIMEOUT:.0f} s."
+                    )
                 client.update(timeout=1)
                 out.write(client.read_stdout() or b"")
                 errors.append(client.read_stderr() or b"")

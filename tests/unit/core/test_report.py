@@ -241,6 +241,8 @@ def test_a_created_summary_writer_rides_on_the_leaders_reports(leader_with_file,
     records = [json.loads(line) for line in leader_with_file.read_text().splitlines()]
     assert "logdir" not in records[0]
     assert records[-1]["logdir"] == str(tmp_path / "logs")
+    # writers with nothing but / above them: the first, never the whole filesystem
+    assert _progress._common_logdir({"/b/logs", "/a/eval"}) == "/a/eval"
 
 
 class ResendingSink(Sink):
