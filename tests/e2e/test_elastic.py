@@ -137,7 +137,8 @@ def test_a_horizontal_pod_autoscaler_grows_a_ps_jobs_workers_while_it_trains(
 ):
     """An HPA on the StrategyJob's scale subresource (its selector: the worker pods), the
     workers' CPU far over its 50 % target: it scales the job 2 -> 3 (its maxReplicas, within
-    the job's own bounds) and the chief takes the new worker without a restart."""
+    the job's own bounds) and the chief takes the new worker without a restart. Then the
+    operator restarts: the job's metric history goes on, no report lost."""
     manifest = example("digits_ps", env={"chief": {"STEPS": "100000", "LOG_EVERY": "60"}})
     workers = manifest["spec"]["replicaSpecs"]["worker"]
     workers["minReplicas"], workers["maxReplicas"] = 2, 3
@@ -185,6 +186,31 @@ def test_a_horizontal_pod_autoscaler_grows_a_ps_jobs_workers_while_it_trains(
     report(
         f"HPA on kind: the autoscaler (CPU target 50 %, the workers at {usage}) grew the job "
         f"2 -> 3 and the chief took worker-2 {joined - created:.0f} s after the HPA was created"
+    )
+
+    # The operator restarted (as a helm upgrade does) while the job trains: the metric history
+    # goes on where it was, every report kept (the chief reports every 60 steps).
+    def kept() -> list[int]:
+        with StrategyJobClient(kubeconfig=str(ns.cluster.kubeconfig), namespace=ns.name) as c:
+            return [step for step, _ in c.metrics(JOB).get("loss", [])]
+
+    last = wait_for("a history", kept, 60, 1.0)[-1]
+    namespace, release = ns.operator
+    ns.cluster.kubectl("rollout", "restart", f"deployment/{release}", "-n", namespace)
+    ns.cluster.kubectl(
+        "rollout", "status", f"deployment/{release}", "-n", namespace, "--timeout=180s",
+        timeout=200,
+    )  # fmt: skip
+    steps = wait_for(
+        "the history going on after the operator's restart",
+        lambda: (s := kept()) and s[-1] >= last + 180 and s,
+        180,
+        2.0,
+    )
+    assert steps == list(range(60, steps[-1] + 1, 60)), steps
+    report(
+        f"operator restarted on kind mid-training: the history went on from step {last} to "
+        f"{steps[-1]} with every report kept"
     )
 
 
