@@ -253,7 +253,7 @@ def _add_cluster_commands(commands: Any) -> None:
     )
     tensorboard.add_argument(
         "--every",
-        type=float,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="seconds between two copies while serving (30)",
@@ -343,6 +343,8 @@ def _tensorboard(args: argparse.Namespace) -> int:
         return tb.serve(Path(args.logdir), args.port, args.host)
     if not args.copy_only and (why := tb.missing()) is not None:
         return refuse(why + "; --copy-only copies the summaries without it")
+    if args.every < 1:  # each copy is an exec of tar in the pod: not in a busy loop
+        return refuse(f"--every must be 1 second or more (got {args.every:g}).")
     with _client(args) as client:
         into = Path(args.copy_to or tb.default_copy_dir(client.namespace, args.name))
 

@@ -264,3 +264,18 @@ def test_submit_file_that_is_a_list_is_refused_before_connecting(tmp_path, monke
     assert cli.main(["submit", str(path)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"strategyjob submit: error: {path}: manifest: a StrategyJob manifest")
+
+
+@pytest.mark.parametrize("every", ["-5", "nan"])
+def test_tensorboard_refuses_a_copy_interval_that_is_no_duration(every, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["tensorboard", "mnist", "--copy-only", f"--every={every}"])
+    assert stopped.value.code == 2
+    assert "argument --every: must be a number of seconds" in capsys.readouterr().err
+
+
+def test_tensorboard_refuses_a_copy_interval_under_a_second(capsys):
+    """Each copy runs tar in the pod: a sub-second --every would copy in a busy loop; refused
+    in one line before any cluster call."""
+    assert cli.main(["tensorboard", "mnist", "--copy-only", "--every=0.5"]) == 2
+    assert "--every must be 1 second or more (got 0.5)" in capsys.readouterr().err
