@@ -219,7 +219,7 @@ class _Pass:
     draft: Draft
     finished: FinishedReplicas
     requeue: float | None = None
-    #: A change of the worker count re-forms the job (a MultiWorkerMirroredStrategy job).
+    #: A change of the worker count re-forms the job (jobspec.REFORMED_STRATEGIES).
     reforms: bool = False
     #: Workers a resize added that the job does not use yet (see :func:`decide`).
     joining: frozenset[tuple[str, int]] = frozenset()
@@ -356,10 +356,11 @@ def _succeeded(p: _Pass) -> Plan | None:
 
 
 def _reform(p: _Pass) -> Plan | None:
-    """A MultiWorkerMirroredStrategy job whose worker count changed (``kubectl scale``)
-    re-forms at the new size: every pod is stopped (SIGTERM: ``strategyjob.train`` and the
-    preemption handler save a checkpoint at the next step boundary), then the new group is
-    created and resumes from it. Not a failure: counted in ``status.resizes``."""
+    """A MultiWorkerMirroredStrategy or TPUStrategy job whose worker count changed
+    (``kubectl scale``) re-forms at the new size: every pod is stopped (SIGTERM:
+    ``strategyjob.train`` and the preemption handler save a checkpoint at the next step
+    boundary), then the new group is created and resumes from it. Not a failure: counted in
+    ``status.resizes``."""
     job, st = p.job, p.status
     before, wanted = st.get("workers"), job.num_replicas("worker")
     if not (p.reforms and st["launched"] and isinstance(before, int)):

@@ -90,7 +90,7 @@ def reforms(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None) -> bool:
     """Whether a change of the job's worker count re-forms it: every pod stops (saving its
     checkpoint at the next step boundary) and the job resumes at the new size. A TFJob's
     ``replicas`` edits follow training-operator instead (:func:`surplus`, :func:`added`)."""
-    return tfjob is None and job.strategy == "MultiWorkerMirroredStrategy"
+    return tfjob is None and job.strategy in jobspec.REFORMED_STRATEGIES
 
 
 def resizable(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None) -> bool:
@@ -98,7 +98,7 @@ def resizable(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None) -> bool:
     change their count)."""
     return (
         tfjob is None
-        and job.strategy == "ParameterServerStrategy"
+        and job.strategy in jobspec.RESIZABLE_STRATEGIES
         and "worker" in (job.replica_specs)
     )
 

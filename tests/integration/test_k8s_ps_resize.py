@@ -137,58 +137,64 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     )
 
 
-def test_a_mwms_job_re_forms_at_each_new_size_from_its_checkpoint(kube, operator, control_plane):
-    """MultiWorkerMirroredStrategy cannot lose or gain a member while it runs: a resize stops
-    every pod (each saves its checkpoint at the next step boundary on SIGTERM) and creates
-    the group at the new size, which resumes from it; not counted as a restart."""
+@pytest.mark.parametrize(
+    ("strategy", "name"), [("MultiWorkerMirroredStrategy", "mwms"), ("TPUStrategy", "tpu")]
+)
+def test_a_collective_job_re_forms_at_each_new_size_from_its_checkpoint(
+    kube, operator, control_plane, strategy, name
+):
+    """MultiWorkerMirroredStrategy (and TPUStrategy, on its group) cannot lose or gain a member
+    while it runs: a resize stops every pod (each saves its checkpoint at the next step
+    boundary on SIGTERM) and creates the group at the new size, which resumes from it; not
+    counted as a restart."""
     cp = control_plane
 
     def group(count: int, attempt: int) -> None:
-        pods = kube.wait_pods("mwms", count)
-        raw = {p["metadata"]["name"]: p for p, _ in kube.raw_pods("mwms")}
-        for name in sorted(pods):
-            labels = raw[name]["metadata"]["labels"]
-            assert labels["strategyjob.dev/restart-attempt"] == str(attempt), name
-            env = kube.container_env(raw[name])
+        pods = kube.wait_pods(name, count)
+        raw = {p["metadata"]["name"]: p for p, _ in kube.raw_pods(name)}
+        for pod in sorted(pods):
+            labels = raw[pod]["metadata"]["labels"]
+            assert labels["strategyjob.dev/restart-attempt"] == str(attempt), pod
+            env = kube.container_env(raw[pod])
             assert env["WORLD_SIZE"] == str(count)
             assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) == count
-            make_ready(kube, name)
+            make_ready(kube, pod)
 
-    kube.create_job(manifest("mwms", "MultiWorkerMirroredStrategy", {"worker": 2}))
+    kube.create_job(manifest(name, strategy, {"worker": 2}))
     group(2, 0)
-    kube.wait_condition("mwms", "Running")
-    wait_for("status.workers 2", lambda: kube.job("mwms")["status"].get("workers") == 2)
-    before = uids_of(kube, "mwms")
+    kube.wait_condition(name, "Running")
+    wait_for("status.workers 2", lambda: kube.job(name)["status"].get("workers") == 2)
+    before = uids_of(kube, name)
 
-    done = cp.kubectl("scale", "sjob/mwms", "--replicas=3", "-n", kube.ns)
+    done = cp.kubectl("scale", f"sjob/{name}", "--replicas=3", "-n", kube.ns)
     assert done.returncode == 0, done.stderr
     wait_for(
         "the old group gone",
-        lambda: not set(before.values()) & set(uids_of(kube, "mwms").values()),
+        lambda: not set(before.values()) & set(uids_of(kube, name).values()),
     )
-    events = kube.wait_events("mwms", "Resizing")
+    events = kube.wait_events(name, "Resizing")
     assert any("re-forms with 3 workers (it ran 2)" in e.message for e in events)
     group(3, 1)
     settled = wait_for(
         "Resizing False",
-        lambda: (r := condition_of(kube, "mwms", "Resizing")) and r["status"] == "False" and r,
+        lambda: (r := condition_of(kube, name, "Resizing")) and r["status"] == "False" and r,
     )
-    assert settled["message"] == "StrategyJob mwms runs 3 workers."
-    status = kube.job("mwms")["status"]
+    assert settled["message"] == f"StrategyJob {name} runs 3 workers."
+    status = kube.job(name)["status"]
     assert (status["workers"], status.get("resizes"), status.get("restartCount", 0)) == (3, 1, 0)
 
-    before = uids_of(kube, "mwms")
-    done = cp.kubectl("scale", "sjob/mwms", "--replicas=2", "-n", kube.ns)
+    before = uids_of(kube, name)
+    done = cp.kubectl("scale", f"sjob/{name}", "--replicas=2", "-n", kube.ns)
     assert done.returncode == 0, done.stderr
     # worker-2 may go before worker-0 and worker-1 of its group: wait for the whole group.
     wait_for(
         "the 3-worker group gone",
-        lambda: not set(before.values()) & set(uids_of(kube, "mwms").values()),
+        lambda: not set(before.values()) & set(uids_of(kube, name).values()),
     )
-    assert "mwms-worker-2" not in kube.pods("mwms")
+    assert f"{name}-worker-2" not in kube.pods(name)
     group(2, 2)
-    wait_for("status.workers 2 again", lambda: kube.job("mwms")["status"].get("workers") == 2)
-    assert not kube.condition("mwms", "Failed")
+    wait_for("status.workers 2 again", lambda: kube.job(name)["status"].get("workers") == 2)
+    assert not kube.condition(name, "Failed")
 
 
 def test_a_worker_added_that_cannot_start_leaves_the_job_running_at_its_old_size(

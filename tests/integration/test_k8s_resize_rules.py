@@ -10,6 +10,7 @@ import json
 import pytest
 from integration_harness import manifest
 from kubernetes.client.exceptions import ApiException
+from strategyjob.jobspec import messages as msg
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -55,17 +56,14 @@ def test_kubectl_scale_resizes_the_workers_of_a_ps_job(own_kube, control_plane):
     assert kube.job("elastic")["spec"]["replicaSpecs"]["worker"]["replicas"] == 1
 
 
-def test_a_tpu_job_cannot_be_resized_yet(own_kube, control_plane):
+def test_a_one_process_job_cannot_be_resized(own_kube, control_plane):
     kube, cp = own_kube, control_plane
-    kube.create_job(manifest("tpu", "TPUStrategy", {"worker": 2}, run_policy={"suspend": True}))
-    done = scale(cp, kube, "tpu", 3)
+    suspended = {"suspend": True}
+    kube.create_job(manifest("one", "MirroredStrategy", {"worker": 1}, run_policy=suspended))
+    done = scale(cp, kube, "one", 2)
     assert done.returncode != 0
-    assert (
-        "spec.replicaSpecs.worker.replicas: a TPUStrategy job cannot be resized yet; only "
-        "ParameterServerStrategy (workers join and leave) and MultiWorkerMirroredStrategy "
-        "(re-formed from its checkpoint) jobs can."
-    ) in done.stderr
-    assert kube.job("tpu")["spec"]["replicaSpecs"]["worker"]["replicas"] == 2
+    assert msg.NOT_RESIZABLE.format(strategy="MirroredStrategy", value=2) in done.stderr
+    assert kube.job("one")["spec"]["replicaSpecs"]["worker"]["replicas"] == 1
 
 
 @pytest.mark.parametrize("replica_type", ["chief", "ps"])

@@ -9,15 +9,20 @@ import json
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
+from strategyjob.jobspec import messages as msg
 
+from tests.launcher.test_launcher_preemption import WORKER, _results
 from tests.launcher.test_launcher_ps_faults import CHIEF, SERVER, assert_gone, pid_of
-from tests.launcher.test_launcher_run import cli_env, write_job
+from tests.launcher.test_launcher_run import cli_env, run_cli, write_job
 from tests.support.launch import Launch
 from tests.support.manifests import preemptible_workers
 
 pytestmark = pytest.mark.timeout(180)
+
+TPU_WORKER = Path(__file__).resolve().parents[1] / "multiprocess" / "tpu_reform_worker.py"
 
 JOINED = "[chief-0] strategyjob: workers resized (joined: "
 
@@ -84,10 +89,10 @@ def test_a_ps_job_run_locally_is_resized_1_3_1_and_applies_every_step_once(tmp_p
     assert_gone([ps, worker])
 
 
-def test_a_tpu_job_is_not_resized_locally(tmp_path):
-    name = f"tpu-{uuid.uuid4().hex[:8]}"
+def test_a_one_process_job_is_not_resized_locally(tmp_path):
+    name = f"mirrored-{uuid.uuid4().hex[:8]}"
     sleeper = "import time\ntime.sleep(60)\n"
-    manifest = write_job(tmp_path, {"worker": (1, sleeper)}, strategy="TPUStrategy", name=name)
+    manifest = write_job(tmp_path, {"worker": (1, sleeper)}, strategy="MirroredStrategy", name=name)
     launch = Launch(manifest, cli_env(), "--grace-period", "1")
     try:
         launch.wait_line("strategyjob: job ", 60)
@@ -95,21 +100,62 @@ def test_a_tpu_job_is_not_resized_locally(tmp_path):
         while "no job named" in refused.stderr:  # the launcher's directory comes first
             refused = scale(name, "--replicas", "2")
         assert refused.returncode == 1
-        assert (
-            "a TPUStrategy job cannot be resized yet; only ParameterServerStrategy (workers "
-            "join and leave) and MultiWorkerMirroredStrategy (re-formed from its checkpoint) "
-            "jobs can"
-        ) in refused.stderr
+        assert msg.NOT_RESIZABLE.format(strategy="MirroredStrategy", value=2) in refused.stderr
     finally:
         launch.stop()
+
+
+def _tpu_job(tmp_path: Path, name: str, steps: int, pace: float) -> Path:
+    out = tmp_path / name
+    out.mkdir()
+    command = [str(TPU_WORKER), str(out), str(steps), str(pace)]
+    job = preemptible_workers(name, command)
+    job["spec"]["strategy"] = "TPUStrategy"
+    job["spec"]["runPolicy"]["backoffLimit"] = 0  # a resize is no restart: none is allowed
+    manifest = out / "job.yaml"
+    manifest.write_text(json.dumps(job))
+    return manifest
+
+
+def test_a_tpu_run_is_re_formed_locally_from_its_checkpoint_and_keeps_its_global_batch(tmp_path):
+    """TPUStrategy, replicas of two logical devices: 2 processes (1 replica) scaled to 4 (2
+    replicas). Every process saves at one step, the group of 4 resumes there and runs each
+    remaining step once, in sync; the global batch is the one the script set, split over
+    twice the replicas, so the run ends where a run that was never resized ends."""
+    name, steps = f"tpu-{uuid.uuid4().hex[:8]}", 30
+    env = cli_env() | {"OMP_NUM_THREADS": "1"}
+    launch = Launch(_tpu_job(tmp_path, name, steps, 0.3), env, "--grace-period", "60")
+    try:
+        launch.wait_line("[worker-1] RUNNING", 180)
+        done = scale(name, "--replicas", "4")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"job {name}: workers 2 -> 4; re-formed"
+        assert launch.finish(240) == 0, launch.transcript
+    finally:
+        launch.stop()
+    output = "\n".join(launch.text)
+    assert f"strategyjob: job {name} re-forms with 4 workers (it ran 2)" in output
+    (results,) = {json.dumps(_results(output, rank)) for rank in range(4)}  # all alike
+    (resumed,) = json.loads(results)
+    assert resumed["replicas"] == 2
+    assert 3 < resumed["first"] < steps, output[-4000:]
+    assert resumed["ran"] == list(range(resumed["first"], steps))
+    states = {line.split("] STATE ")[1] for line in output.splitlines() if "] STATE " in line}
+    assert len(states) == 1, states  # in sync
+    assert "restarting" not in output
+
+    reference = run_cli(_tpu_job(tmp_path, "never-resized", steps, 0), timeout=180, env=env)
+    assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
+    (whole,) = _results(reference.stdout + reference.stderr, 0)
+    assert whole["replicas"] == 1 and whole["ran"] == list(range(steps))
+    # the same global batches: equal up to the order of the float additions
+    assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-5)
 
 
 def test_a_mwms_run_is_re_formed_locally_from_its_checkpoint(tmp_path):
     """``strategyjob scale --local`` of a MultiWorkerMirroredStrategy run: every worker saves at
     the same step and stops, the group of 3 starts and resumes there, runs each remaining step
     once and ends in sync; no restart is counted."""
-    from tests.launcher.test_launcher_preemption import WORKER, _results
-
     name = f"reform-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "out"
     out.mkdir()

@@ -38,8 +38,10 @@ def test_what_a_local_resize_refuses(replicas, bounds, expected):
 
 def test_other_strategies_and_tfjobs_are_refused():
     assert _resize.refusal(load_manifest(manifest()), 3) is None  # MWMS: re-formed
-    tpu = load_manifest(manifest("TPUStrategy"))
-    assert "a TPUStrategy job cannot be resized yet" in _resize.refusal(tpu, 3)
+    assert _resize.refusal(load_manifest(manifest("TPUStrategy")), 3) is None  # re-formed too
+    mirrored = load_manifest(manifest("MirroredStrategy", worker=1))
+    refused = msg.NOT_RESIZABLE.format(strategy="MirroredStrategy", value=2)
+    assert _resize.refusal(mirrored, 2) == refused
     assert "a TFJob run by strategyjob run cannot be resized" in _resize.refusal(
         ps_job(), 3, tfjob=True
     )

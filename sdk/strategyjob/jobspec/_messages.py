@@ -210,6 +210,12 @@ BELOW_MIN_REPLICAS = (
     "spec.replicaSpecs.worker.replicas: below minReplicas {minimum} (got {value}). Ask for "
     "{minimum} workers or more, or change minReplicas."
 )
+NOT_RESIZABLE = (
+    "spec.replicaSpecs.worker.replicas: a {strategy} job runs as one process and cannot be "
+    "resized; only ParameterServerStrategy (workers join and leave), MultiWorkerMirroredStrategy "
+    "and TPUStrategy (re-formed from their checkpoint) jobs can (got {value}). Create a "
+    "MultiWorkerMirroredStrategy job to train on several workers."
+)
 ABOVE_MAX_REPLICAS = (
     "spec.replicaSpecs.worker.replicas: above maxReplicas {maximum} (got {value}). Ask for "
     "{maximum} workers or fewer, or change maxReplicas."

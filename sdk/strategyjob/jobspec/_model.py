@@ -47,6 +47,11 @@ SINGLE_PROCESS_STRATEGIES: tuple[str, ...] = (
 COLLECTIVE_STRATEGIES: tuple[str, ...] = tuple(
     s for s in STRATEGIES if s != "ParameterServerStrategy"
 )
+#: Resizing a running job (issue 30). Its workers join and leave while it trains:
+RESIZABLE_STRATEGIES: tuple[str, ...] = ("ParameterServerStrategy",)
+#: Re-formed at the new size: every process stops (saving its checkpoint at the next step
+#: boundary) and the group starts again at the new world size, resuming from it.
+REFORMED_STRATEGIES: tuple[str, ...] = ("MultiWorkerMirroredStrategy", "TPUStrategy")
 
 #: Replica types in the order they are listed, created and reported.
 REPLICA_TYPES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")

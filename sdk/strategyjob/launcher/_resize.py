@@ -6,14 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from strategyjob.jobspec import StrategyJob
+from strategyjob.jobspec import REFORMED_STRATEGIES, RESIZABLE_STRATEGIES, StrategyJob
 from strategyjob.jobspec import messages as msg
-
-#: The strategy whose workers join and leave a running job (the CRD's rule too).
-RESIZABLE_STRATEGY = "ParameterServerStrategy"
-#: The strategy whose job is re-formed at the new size: every process stops (saving its
-#: checkpoint at the next step boundary) and the group starts again, resuming from it.
-REFORMED_STRATEGY = "MultiWorkerMirroredStrategy"
 
 
 def refusal(job: StrategyJob, replicas: object, tfjob: bool = False) -> str | None:
@@ -21,11 +15,8 @@ def refusal(job: StrategyJob, replicas: object, tfjob: bool = False) -> str | No
     the words the API server uses for a cluster job."""
     if tfjob:
         return "a TFJob run by strategyjob run cannot be resized; run it as a StrategyJob"
-    if job.strategy not in (RESIZABLE_STRATEGY, REFORMED_STRATEGY):
-        return (
-            f"a {job.strategy} job cannot be resized yet; only {RESIZABLE_STRATEGY} (workers "
-            f"join and leave) and {REFORMED_STRATEGY} (re-formed from its checkpoint) jobs can"
-        )
+    if job.strategy not in RESIZABLE_STRATEGIES + REFORMED_STRATEGIES:
+        return msg.NOT_RESIZABLE.format(strategy=job.strategy, value=replicas)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         return f"--replicas must be a whole number of workers, 1 or more (got {replicas!r})"
     spec = job.replica_specs["worker"]

@@ -25,6 +25,8 @@ from strategyjob.jobspec import (
     ENV_PROGRESS_FILE,
     ENV_TOKEN,
     OPTIONAL_REPLICA_TYPES,
+    REFORMED_STRATEGIES,
+    RESIZABLE_STRATEGIES,
     TRAINING_REPLICA_TYPES,
     ManifestError,
     StrategyJob,
@@ -241,10 +243,10 @@ class _JobRun:
             ENV_PROGRESS_FILE: self.progress.path,
         }
         # A ParameterServerStrategy chief follows the workers in this file, which a local
-        # resize (strategyjob scale --local) rewrites (a MultiWorkerMirroredStrategy run is
-        # re-formed instead: :meth:`_reform`).
+        # resize (strategyjob scale --local) rewrites (a collective run, MultiWorkerMirroredStrategy
+        # or TPUStrategy, is re-formed instead: :meth:`_reform`).
         self.cluster_file = Path(self.progress_dir) / "cluster.json"
-        if job.strategy == _resize.RESIZABLE_STRATEGY:
+        if job.strategy in RESIZABLE_STRATEGIES:
             self.job_env[ENV_CLUSTER_FILE] = str(self.cluster_file)
         self.cluster: dict[str, list[str]] = {}
         self.curves_of: object = None  # the report the live curves were drawn for
@@ -406,7 +408,7 @@ class _JobRun:
         if replicas == before:
             return f"job {self.job.name} already runs {before} workers"
         job = _resize.with_workers(self.job, replicas)
-        if job.strategy == _resize.REFORMED_STRATEGY:
+        if job.strategy in REFORMED_STRATEGIES:
             return self._reform(job, before)
         workers = self.cluster["worker"]
         if replicas > before:
