@@ -59,6 +59,8 @@ ENV_RENDEZVOUS_TIMEOUT = _names.ENV_RENDEZVOUS_TIMEOUT
 _POLL_SECONDS = 1.0
 #: Interval of the rendezvous' polls, which is how soon Ctrl-C (SIGINT) stops it.
 _RENDEZVOUS_POLL_SECONDS = 0.1
+#: How often a task started ahead of a re-forming looks whether the earlier run's leader is gone.
+_LEADER_OF_EARLIER_RUN_POLL_SECONDS = 0.5
 #: A peer whose liveness listener does not answer for this long (its process frozen, its node
 #: or pod gone: connections time out or find no route) counts as down, as a refused connection
 #: (its process exited) does at once. TensorFlow's collective health check gives up after about
@@ -72,6 +74,11 @@ ENV_UNRESPONSIVE_PEER_SECONDS = _names.ENV_UNRESPONSIVE_PEER_SECONDS
 _DIAGNOSE_SECONDS = 3.0
 _PROBE_TIMEOUT_SECONDS = 2.0
 _KEY_PREFIX = "strategyjob/"
+#: The attempt (``STRATEGYJOB_RESTART_ATTEMPT``) of the leader that serves a rendezvous store. A
+#: task of a later attempt (started ahead of a re-forming at a new size, while the group it will
+#: replace still trains) never joins the earlier run's store: it waits until that leader is
+#: gone and its own run's leader serves.
+_ATTEMPT_KEY = f"{_KEY_PREFIX}attempt"
 #: Store keys of a stuck-peer verdict: the first worker to reach one publishes it, the other
 #: waiting workers raise the same one (acknowledging it) rather than find the publisher
 #: gone a moment later and blame it.
@@ -199,6 +206,26 @@ def _rendezvous_seconds() -> float:
     """Not ``timeout_seconds``, which bounds collectives (as in TensorFlow): the rendezvous
     waits for pods to be scheduled and started, which takes as long as it takes."""
     return waiting.positive_seconds(ENV_RENDEZVOUS_TIMEOUT, waiting.DEFAULT_RENDEZVOUS_SECONDS)
+
+
+def _own_attempt() -> int | None:
+    """This process's attempt of the job (None when the launcher does not say, as a hand-written
+    TF_CONFIG does not: every leader is then taken)."""
+    try:
+        return int(os.environ.get(_names.ENV_RESTART_ATTEMPT, ""))
+    except ValueError:
+        return None
+
+
+def _leader_attempt(store: dist.Store) -> int | None:
+    """The attempt the leader of ``store`` belongs to (None: it does not say, or not yet: a leader
+    sets it as soon as its store serves, and one of an earlier attempt set it long ago)."""
+    if not store.check([_ATTEMPT_KEY]):
+        return None
+    try:
+        return int(store.get(_ATTEMPT_KEY).decode())
+    except ValueError:
+        return None
 
 
 def _say(line: str) -> None:
@@ -440,18 +467,8 @@ class CollectiveGroup:
                 )
             store = dist.distributed_c10d._get_default_store()
         else:
-            deadline = time.monotonic() + seconds
             try:
-                if m.rank != 0:
-                    self._await_leader(deadline, reporter, seconds)
-                store = dist.TCPStore(
-                    m.master_addr,
-                    m.master_port,
-                    m.world_size,
-                    is_master=m.rank == 0,
-                    timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
-                    wait_for_workers=False,
-                )
+                store = self._join_store(seconds, reporter)
                 store.set_timeout(timeout)
             except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError
                 if m.rank == 0 and "EADDRINUSE" in str(e):
@@ -486,6 +503,53 @@ class CollectiveGroup:
         self._store = store
         self._pg = dist.distributed_c10d._get_default_group()
         self._sum_options = dist.AllreduceOptions()  # reduceOp defaults to SUM
+
+    def _join_store(self, seconds: float, reporter: waiting.Reporter) -> dist.TCPStore:
+        """The rendezvous store: the leader serves it (saying which attempt it belongs to); the
+        others connect to it, unless it is an earlier attempt's leader still training (this task
+        was started ahead of a re-forming): then they wait, without a deadline, until it is
+        gone, saying so every few seconds, and the rendezvous' own timeout starts after."""
+        m, attempt = self.membership, _own_attempt()
+        start = time.monotonic()
+        while True:
+            deadline = time.monotonic() + seconds
+            if m.rank != 0:
+                self._await_leader(deadline, reporter, seconds)
+            store = dist.TCPStore(
+                m.master_addr,
+                m.master_port,
+                m.world_size,
+                is_master=m.rank == 0,
+                timeout=datetime.timedelta(seconds=max(1.0, deadline - time.monotonic())),
+                wait_for_workers=False,
+            )
+            if m.rank == 0:
+                if attempt is not None:
+                    store.set(_ATTEMPT_KEY, str(attempt))
+                return store
+            try:
+                theirs = _leader_attempt(store)
+            except (RuntimeError, OSError):  # that leader went away meanwhile: look again
+                continue
+            if attempt is None or theirs is None or theirs == attempt:
+                return store
+            del store  # disconnects
+            if theirs > attempt:
+                raise RuntimeError(
+                    f"{m.task_name(m.rank)} belongs to attempt {attempt} of this job "
+                    f"({_names.ENV_RESTART_ATTEMPT}), but its collective leader {m.task_name(0)} "
+                    f"at {m.master_addr}:{m.master_port} to attempt {theirs}: this process is "
+                    "left over from an earlier attempt. Stop it; the job's current attempt has "
+                    "its own."
+                )
+            now = time.monotonic()
+            if reporter.due(now):
+                _say(
+                    f"{m.task_name(m.rank)} (attempt {attempt}) waiting for the collective "
+                    f"leader {m.task_name(0)} of attempt {theirs} to stop: the job re-forms, "
+                    f"and this task was started ahead ({now - start:.0f} s so far)."
+                )
+            time.sleep(_LEADER_OF_EARLIER_RUN_POLL_SECONDS)
 
     def _await_leader(self, deadline: float, reporter: waiting.Reporter, seconds: float) -> None:
         """Wait until the leader's rendezvous port accepts connections, saying so every few
