@@ -223,6 +223,10 @@ class _Pass:
     reforms: bool = False
     #: Workers a resize added that the job does not use yet (see :func:`decide`).
     joining: frozenset[tuple[str, int]] = frozenset()
+    #: A growing re-form's new workers that need pods, started ahead while the running group
+    #: trains on (:func:`_start_ahead`); ``ahead``: whether that phase is under way.
+    ahead_missing: tuple[tuple[str, int], ...] = ()
+    ahead: bool = False
 
     @property
     def status(self) -> dict[str, Any]:
@@ -360,15 +364,19 @@ def _reform(p: _Pass) -> Plan | None:
     (``kubectl scale``) re-forms at the new size: every pod is stopped (SIGTERM:
     ``strategyjob.train`` and the preemption handler save a checkpoint at the next step
     boundary), then the new group is created and resumes from it. Not a failure: counted in
-    ``status.resizes``."""
+    ``status.resizes``. A job that grows first starts its new workers' pods
+    (:func:`_start_ahead`) and trains on at its old size until they all run, so a pod that
+    cannot start (quota, no node fits, an image that does not pull) costs it nothing."""
     job, st = p.job, p.status
     before, wanted = st.get("workers"), job.num_replicas("worker")
-    if not (p.reforms and st["launched"] and isinstance(before, int)):
+    if not (p.reforms and st["launched"] and isinstance(before, int)) or before == wanted:
         return None
-    if before == wanted:
-        return None
+    started_ahead = wanted > before
+    if started_ahead and not _start_ahead(p, before, wanted):
+        return None  # the running group trains on; the later phases watch over it
     st["launched"] = False
-    st["resizes"] = as_count(st.get("resizes", 0)) + 1
+    if not started_ahead:
+        st["resizes"] = as_count(st.get("resizes", 0)) + 1
     msg = (
         f"StrategyJob {job.name} re-forms with {wanted} workers (it ran {before}): every pod "
         "stops, saving a checkpoint at its next step boundary, and the job resumes from it "
@@ -377,14 +385,71 @@ def _reform(p: _Pass) -> Plan | None:
     p.draft.set(c.RESIZING, True, c.REASON_RESIZING, msg)
     p.draft.event("Normal", c.REASON_RESIZING, msg)
     forget_finished(st["replicaStatuses"])
-    doomed = tuple(sorted(r.name for r in p.replicas.values() if not r.terminating))
+    attempt = restart_attempt(st)
+    doomed = tuple(
+        sorted(
+            r.name
+            for r in p.replicas.values()
+            if not r.terminating and not (started_ahead and r.attempt == attempt)
+        )
+    )
     return p.draft.plan(Action.RESTART_JOB, delete_pods=doomed, requeue_after=p.requeue)
 
 
+def _start_ahead(p: _Pass, before: int, wanted: int) -> bool:
+    """Growing from ``before`` to ``wanted`` workers: the new workers' pods are made first, for
+    the next attempt (their tasks wait until the running group's leader is gone:
+    ``collective.process_group``), while the running group trains on. True once every one of
+    them runs: then the running group stops. Until then, ``Resizing`` says what the job waits
+    for (``ResizeStalled`` with the cause when a pod cannot start), and those pods neither
+    stall nor fail the job by staying Pending."""
+    job, st, draft = p.job, p.status, p.draft
+    ahead = tuple(("worker", i) for i in range(before, wanted))
+    attempt = restart_attempt(st)
+    if not any(r.attempt != attempt for r in p.replicas.values() if not r.terminating):
+        # every pod is the running group's: its attempt is the current one; the new pods
+        # are the next attempt's (counted as this re-forming)
+        st["resizes"] = as_count(st.get("resizes", 0)) + 1
+        attempt += 1
+    there = [r for k in ahead if (r := p.replicas.get(k)) is not None and not r.terminating]
+    if len(there) == len(ahead) and all(r.phase == "Running" for r in there):
+        return True
+    p.ahead, p.joining = True, p.joining | frozenset(ahead)
+    p.ahead_missing = tuple(k for k in ahead if k not in p.replicas)
+    names = [job.pod_name(t, i) for t, i in ahead if not any(r.key == (t, i) for r in there)]
+    names += [r.name for r in there if r.phase != "Running"]
+    shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    msg = (
+        f"StrategyJob {job.name} re-forms with {wanted} workers (it ran {before}): its new pods "
+        f"start first, and it trains on with {before} workers until they run; waiting for "
+        f"{shown}."
+    )
+    stuck = sorted((r for r in there if r.stuck_reason), key=lambda r: r.name)
+    if not stuck:
+        if not cond.is_true(draft.conditions, c.RESIZING):
+            draft.event("Normal", c.REASON_RESIZING, msg)
+        draft.set(c.RESIZING, True, c.REASON_RESIZING, msg)
+        return False
+    more = f" ({len(stuck) - 1} more cannot start either)" if len(stuck) > 1 else ""
+    draft.set(
+        c.RESIZING,
+        True,
+        c.REASON_RESIZE_STALLED,
+        f"{msg} Pod {stuck[0].name} cannot start: {stuck_cause(stuck[0]).rstrip('.')}{more}; "
+        f"the job runs on with {before} workers meanwhile.",
+    )
+    return False
+
+
 def _failed(p: _Pass) -> Plan | None:
-    """Failures, root cause first. An evaluator never fails the job nor uses its budget."""
+    """Failures, root cause first. An evaluator never fails the job nor uses its budget. A
+    worker that a resize adds and whose pod is not made yet has not failed."""
     launched = bool(p.status["launched"])
-    failures = find_failures(p.job, p.replicas, launched, p.finished.keys(), p.now, p.lost_after)
+    failures = [
+        f
+        for f in find_failures(p.job, p.replicas, launched, p.finished.keys(), p.now, p.lost_after)
+        if f.replica is not None or (f.replica_type, f.index) not in p.joining
+    ]
     evaluators = [f for f in failures if f.replica_type in p.optional_types]
     failures = [f for f in failures if f.replica_type not in p.optional_types]
     if failures:
@@ -445,16 +510,19 @@ def _create_or_run(p: _Pass) -> Plan:
     missing = tuple(k for k in job.replicas() if k not in p.replicas and k not in p.finished.keys())
     terminating = any(r.terminating for r in p.replicas.values())
     action = Action.NONE
-    if not st["launched"] and not terminating:
+    if p.ahead_missing and not terminating:  # a growing re-form's new pods, made first
+        action = Action.CREATE
+        missing = p.ahead_missing
+    elif not st["launched"] and not terminating:
         if missing:
             action = Action.CREATE
         else:
             st["launched"] = True
             msg = f"All {job.total_replicas} pods of {job.name} exist."
             draft.event("Normal", c.REASON_PODS_CREATED, msg)
-    if p.reforms and (st["launched"] or action is Action.CREATE):
+    if p.reforms and not p.ahead and (st["launched"] or action is Action.CREATE):
         st["workers"] = job.num_replicas("worker")  # the group its pods form
-    if cond.is_true(draft.conditions, c.RESIZING) and st["launched"] and not missing:
+    if cond.is_true(draft.conditions, c.RESIZING) and st["launched"] and not (missing or p.ahead):
         draft.set(
             c.RESIZING,
             False,

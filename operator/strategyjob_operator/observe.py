@@ -72,6 +72,8 @@ class Replica:
     #: Since when a pod in phase Unknown (its node is unreachable) has been so: the time its
     #: Ready condition went False or Unknown, else when this operator first saw it so.
     unknown_since: str | None = None
+    #: The job's attempt the pod was made for (its ``restart-attempt`` label; None without).
+    attempt: int | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -246,7 +248,12 @@ def replica_from_pod(pod: Mapping[str, Any], training_container_name: str) -> Re
         deletion_timestamp=meta.get("deletionTimestamp") or None,
         deletion_grace_seconds=grace if isinstance(grace, int) else None,
         unknown_since=_unknown_since(pod) if phase == "Unknown" else None,
+        attempt=_attempt(labels.get(c.LABEL_RESTART_ATTEMPT)),
     )
+
+
+def _attempt(label: object) -> int | None:
+    return int(label) if isinstance(label, str) and label.isdigit() else None
 
 
 def _owned_by(pod: Mapping[str, Any], owner_uid: str) -> bool:

@@ -146,7 +146,8 @@ def test_a_collective_job_re_forms_at_each_new_size_from_its_checkpoint(
     """MultiWorkerMirroredStrategy (and TPUStrategy, on its group) cannot lose or gain a member
     while it runs: a resize stops every pod (each saves its checkpoint at the next step
     boundary on SIGTERM) and creates the group at the new size, which resumes from it; not
-    counted as a restart."""
+    counted as a restart. Growing, the new workers' pods are made first and the old group
+    stops once they run."""
     cp = control_plane
 
     def group(count: int, attempt: int) -> None:
@@ -168,6 +169,11 @@ def test_a_collective_job_re_forms_at_each_new_size_from_its_checkpoint(
 
     done = cp.kubectl("scale", f"sjob/{name}", "--replicas=3", "-n", kube.ns)
     assert done.returncode == 0, done.stderr
+    # growing: worker-2 is made first, for the next attempt, while the group trains on
+    ahead = wait_for(f"{name}-worker-2", lambda: kube.pods(name).get(f"{name}-worker-2"))
+    assert ahead.metadata.labels["strategyjob.dev/restart-attempt"] == "1"
+    assert set(before.values()) <= set(uids_of(kube, name).values())
+    make_ready(kube, f"{name}-worker-2")  # it runs (its task waits for the group's leader)
     wait_for(
         "the old group gone",
         lambda: not set(before.values()) & set(uids_of(kube, name).values()),
@@ -197,19 +203,28 @@ def test_a_collective_job_re_forms_at_each_new_size_from_its_checkpoint(
     assert not kube.condition(name, "Failed")
 
 
+@pytest.mark.parametrize(
+    ("strategy", "counts"),
+    [
+        ("ParameterServerStrategy", {"chief": 1, "ps": 1, "worker": 2}),
+        ("MultiWorkerMirroredStrategy", {"worker": 2}),
+    ],
+)
 def test_a_worker_added_that_cannot_start_leaves_the_job_running_at_its_old_size(
-    kube, operator, control_plane
+    kube, operator, control_plane, strategy, counts
 ):
     """Scaled 2 -> 3, the new worker finds no node (this control plane's scheduler has none):
     past pendingTimeoutSeconds the job neither fails nor stalls; Resizing (ResizeStalled)
-    quotes the scheduler and says the job runs on with 2 workers; once the pod starts the
-    chief takes it."""
-    m = manifest("stuckgrow", "ParameterServerStrategy", {"chief": 1, "ps": 1, "worker": 2})
+    quotes the scheduler and says the job runs on with 2 workers, whose pods are untouched
+    (a MultiWorkerMirroredStrategy job makes its new pods first and re-forms only once they
+    run); once the pod starts the chief takes it, or the job re-forms at 3."""
+    m = manifest("stuckgrow", strategy, counts)
     m["spec"]["runPolicy"] = {"pendingTimeoutSeconds": 3}
     kube.create_job(m)
-    for name in kube.wait_pods("stuckgrow", 4):
+    for name in kube.wait_pods("stuckgrow", sum(counts.values())):
         make_ready(kube, name)
     kube.wait_condition("stuckgrow", "Running")
+    before = uids_of(kube, "stuckgrow")
     done = control_plane.kubectl("scale", "sjob/stuckgrow", "--replicas=3", "-n", kube.ns)
     assert done.returncode == 0, done.stderr
     held = wait_for(
@@ -236,7 +251,19 @@ def test_a_worker_added_that_cannot_start_leaves_the_job_running_at_its_old_size
     stalled = condition_of(kube, "stuckgrow", "Stalled")
     assert stalled is None or stalled["status"] == "False", stalled
     assert (job["status"]["state"], job["status"]["workers"]) == ("Running", 2)
+    running = {n: u for n, u in uids_of(kube, "stuckgrow").items() if n != "stuckgrow-worker-2"}
+    assert set(running) == set(before)
+    assert running == before, "the running group's pods are untouched"
     make_ready(kube, "stuckgrow-worker-2")
+    if strategy == "MultiWorkerMirroredStrategy":  # re-forms now: the old group is made anew
+        ahead = kube.pods("stuckgrow")["stuckgrow-worker-2"].metadata.uid
+        wait_for(
+            "the old group gone",
+            lambda: not set(before.values()) & set(uids_of(kube, "stuckgrow").values()),
+        )
+        for name in kube.wait_pods("stuckgrow", 3):
+            make_ready(kube, name)
+        assert uids_of(kube, "stuckgrow")["stuckgrow-worker-2"] == ahead  # it waited, kept
     settled = wait_for(
         "Resizing False",
         lambda: (r := condition_of(kube, "stuckgrow", "Resizing")) and r["status"] == "False" and r,
