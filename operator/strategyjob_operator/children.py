@@ -150,7 +150,10 @@ def members_config_map_name(job: jobspec.StrategyJob) -> str:
 
 
 def build_members_config_map(
-    job: jobspec.StrategyJob, owner: Mapping[str, Any], members: scaling.Members
+    job: jobspec.StrategyJob,
+    owner: Mapping[str, Any],
+    members: scaling.Members,
+    tfjob: jobspec.TFJob | None = None,
 ) -> dict[str, Any]:
     """The members ConfigMap, mounted in the chief: unlike the cluster ConfigMap it changes
     as the job is resized (the kubelet refreshes the chief's copy)."""
@@ -158,7 +161,7 @@ def build_members_config_map(
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, members_config_map_name(job), owner),
-        "data": scaling.members_data(job, members),
+        "data": scaling.members_data(job, members, tfjob),
     }
 
 

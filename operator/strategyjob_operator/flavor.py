@@ -151,7 +151,7 @@ def _translated(
     if isinstance(conds, list):
         out["conditions"] = [
             _condition(x, reason, message, loaded.job.name) if isinstance(x, Mapping) else x
-            for x in conds
+            for x in (_tfjob_types_last(conds) if external else conds)
         ]
     keys = {t: tfjob.key(t) for t in tfjob.replicas}
     if external:
@@ -173,6 +173,17 @@ def _translated(
             for k, v in counts.items()
         }
     return out
+
+
+def _tfjob_types_last(conditions: list[Any]) -> list[Any]:
+    """The conditions with TFJob's own types (``Created``, ``Running``…) after the ones only
+    StrategyJob has (``Resizing``, ``Stalled``…), each kept in its order: ``kubectl get
+    tfjob``'s State column is the last condition's type, which must stay a TFJob state."""
+
+    def own(x: Any) -> bool:
+        return isinstance(x, Mapping) and x.get("type") in c.STATE_PRECEDENCE
+
+    return sorted(conditions, key=own)
 
 
 def _mapping(value: Any) -> dict[str, Any]:

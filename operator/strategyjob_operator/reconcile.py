@@ -335,12 +335,16 @@ class Reconciler:
         suspended = job.run_policy.suspend
         members: scaling.Members | None = None
         resize_events: list[decide.Event] = []
+        followed: tuple[scaling.Members, list[tuple[str, int]]] | None = None
+        edited = scaling.scaled(status, generation, suspended)
         if scaling.resizable(job, loaded.tfjob) and scaling.running(status, suspended):
-            members, added = await self._follow_workers(job, job_obj, pods, resize_events)
+            followed = await self._follow_workers(loaded, job_obj, pods, edited, resize_events)
+        if followed is not None:
+            members, added = followed
             if added:
                 await self._add_workers(loaded, job_obj, added, status, resize_events, now)
                 return SCALE_RETRY_SECONDS  # decide once the new pods are there
-        elif loaded.tfjob is not None and scaling.scaled(status, generation, suspended):
+        elif loaded.tfjob is not None and edited:
             if await self._scale(loaded, job_obj, pods, status):
                 return SCALE_RETRY_SECONDS  # decide once the new pods are there
         elif scaling.reforms(job, loaded.tfjob) and (gone := scaling.surplus(job, pods, uid or "")):
@@ -489,16 +493,9 @@ class Reconciler:
         pods of the indices it gained; under a gang scheduler its PodGroup's ``minMember``
         follows (through the job's objects when pods are created, else here). True when
         pods were created (the pass ends: the next one decides with them)."""
-        job, api, uid = loaded.job, self.api, job_obj["metadata"]["uid"]
+        job, uid = loaded.job, job_obj["metadata"]["uid"]
         ns = job.namespace
-        selector = f"{flavor.TF_LABEL_JOB_NAME}={job.name}"
-        services = await api.list_metadata(api.core_path(ns, "services"), selector)
-        doomed = scaling.surplus(job, pods, uid)
-        if doomed:
-            logger.info("%s %s/%s scaled down: deleting %s", self.flavor.kind, ns, job.name, doomed)
-            await self._delete_pods(ns, [n for n, _ in doomed], uids=dict(doomed))
-        for name, service_uid in scaling.surplus(job, services, uid):
-            await self._delete(api.core_path(ns, "services", name), uid=service_uid)
+        services = await self._delete_surplus(job, uid, pods, tfjob_services=True)
         new = scaling.added(job, services)
         if not new:  # no creation pass: nothing else brings the PodGroup
             await self._follow_pod_group(job, job_obj, loaded.tfjob)
@@ -510,41 +507,72 @@ class Reconciler:
         self.metrics.inc("pods_created", ns, outcome.created)
         return True
 
-    async def _follow_workers(
+    async def _delete_surplus(
         self,
         job: jobspec.StrategyJob,
+        uid: str,
+        pods: Sequence[Mapping[str, Any]],
+        *,
+        tfjob_services: bool,
+    ) -> list[dict[str, Any]]:
+        """Delete the pods at indices the job no longer has (:func:`scaling.surplus`), then,
+        for a TFJob (``tfjob_services``), their Services; returns the Services the job had
+        (a TFJob's, by metadata; none for a StrategyJob, whose one Service stays)."""
+        api, ns = self.api, job.namespace
+        services: list[dict[str, Any]] = []
+        if tfjob_services:
+            selector = f"{flavor.TF_LABEL_JOB_NAME}={job.name}"
+            services = await api.list_metadata(api.core_path(ns, "services"), selector)
+        doomed = scaling.surplus(job, pods, uid)
+        if doomed:
+            logger.info("%s %s/%s scaled down: deleting %s", self.flavor.kind, ns, job.name, doomed)
+            await self._delete_pods(ns, [n for n, _ in doomed], uids=dict(doomed))
+        for name, service_uid in scaling.surplus(job, services, uid):
+            await self._delete(api.core_path(ns, "services", name), uid=service_uid)
+        return services
+
+    async def _follow_workers(
+        self,
+        loaded: Loaded,
         job_obj: Mapping[str, Any],
         pods: Sequence[Mapping[str, Any]],
+        edited: bool,
         events: list[decide.Event],
-    ) -> tuple[scaling.Members, list[tuple[str, int]]]:
+    ) -> tuple[scaling.Members, list[tuple[str, int]]] | None:
         """A resizable job's workers (:mod:`.scaling`): tell the chief of the workers that
         joined (pod Ready) or left (the spec's count went down) through the members
-        ConfigMap, then delete the pods of the workers that left; returns what the chief
-        follows now and the worker replicas a resize added that need pods."""
+        ConfigMap, then delete the pods (a TFJob's: and Services) of the replicas that left;
+        returns what the chief follows now and the replicas a resize added that need pods
+        (a TFJob's Services are looked at only after an edit of its spec, ``edited``).
+        None for a TFJob without its members ConfigMap (made by an operator before its chief
+        could follow): its edits stay training-operator's (:meth:`_scale`)."""
+        job, tfjob = loaded.job, loaded.tfjob
         api, ns, uid = self.api, job.namespace, job_obj["metadata"]["uid"]
         path = api.core_path(ns, "configmaps", children.members_config_map_name(job))
         current = await api.get(path)
-        if current is None or observe.controller_uid(current) != uid:
+        if current is None or observe.controller_uid(current, self.flavor.kind) != uid:
             # made by an operator before resizing, or not yet; or a ConfigMap that is not
             # this job's (never overwritten: the job's objects report it as blocking)
-            return scaling.initial_members(job), []
+            return None if tfjob is not None else (scaling.initial_members(job), [])
         before = scaling.read_members(current.get("data")) or scaling.initial_members(job)
         added = scaling.added_workers(job, before, pods)
         after = scaling.next_members(job, before, scaling.ready_workers(pods))
         if added:  # the count the pods were made for moves once they all exist
             after = dataclasses.replace(after, replicas=before.replicas)
         if after != before:
-            await api.merge_patch(path, {"data": scaling.members_data(job, after)})
+            await api.merge_patch(path, {"data": scaling.members_data(job, after, tfjob)})
             if after.workers != before.workers:
                 await self._nudge_chief(job, after)
                 message = scaling.resized_message(job, before.workers, after.workers)
-                logger.info("StrategyJob %s/%s: %s", ns, job.name, message)
+                logger.info("%s %s/%s: %s", self.flavor.kind, ns, job.name, message)
                 events.append(decide.Event("Normal", c.REASON_RESIZED, message))
-        gone = scaling.surplus(job, pods, uid)
-        if gone:  # after the chief was told: it sends them nothing more
-            await self._delete_pods(ns, [n for n, _ in gone], uids=dict(gone))
-            await self._follow_pod_group(job, job_obj, None)
-        return after, added
+        # after the chief was told: it sends the workers that left nothing more
+        by_service = tfjob is not None and edited
+        services = await self._delete_surplus(job, uid, pods, tfjob_services=by_service)
+        if scaling.surplus(job, pods, uid):
+            await self._follow_pod_group(job, job_obj, tfjob)
+        others = scaling.added_others(job, services) if by_service else []
+        return after, [*added, *others]
 
     async def _add_workers(
         self,
@@ -732,7 +760,8 @@ class Reconciler:
             (api.core_path(ns, "configmaps"), config_map),
         ]
         if scaling.resizable(job, tfjob):  # the workers its chief follows, from the start
-            members = children.build_members_config_map(job, owner, scaling.initial_members(job))
+            initial = scaling.initial_members(job)
+            members = children.build_members_config_map(job, owner, initial, tfjob)
             wanted.append((api.core_path(ns, "configmaps"), members))
         uid = job_obj["metadata"]["uid"]
         calls: list[Callable[[], Awaitable[object]]] = [

@@ -9,6 +9,11 @@
   worker joins it once its pod is Ready (before, the chief would wait on an address that
   does not answer); a removed one leaves it before its pod is deleted. The CRD keeps every
   other count, and the workers of other strategies, immutable.
+* A TFJob with ``enableDynamicWorker``, a chief (``Chief`` or ``Master``) and ``PS``
+  replicas (so ParameterServerStrategy-shaped): its ``Worker`` edits go the StrategyJob
+  way, its chief following the TFJob's own cluster (its per-replica Services) in the same
+  members file; the edits of its other types stay training-operator's. Every other TFJob
+  keeps training-operator's edits alone.
 """
 
 from __future__ import annotations
@@ -94,13 +99,13 @@ def reforms(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None) -> bool:
 
 
 def resizable(job: jobspec.StrategyJob, tfjob: jobspec.TFJob | None) -> bool:
-    """Whether the job's workers may join and leave while it runs (the CRD lets only these
-    change their count)."""
-    return (
-        tfjob is None
-        and job.strategy in jobspec.RESIZABLE_STRATEGIES
-        and "worker" in (job.replica_specs)
-    )
+    """Whether the job's chief follows its workers as they join and leave while it runs: a
+    ParameterServerStrategy StrategyJob (the CRD lets only its workers change their count),
+    and a TFJob under ``enableDynamicWorker`` with a chief and ps (a TFJob's strategy is
+    ParameterServerStrategy when it has ps); never a TFJob without a chief to tell."""
+    if job.strategy not in jobspec.RESIZABLE_STRATEGIES or "worker" not in job.replica_specs:
+        return False
+    return tfjob is None or (tfjob.enable_dynamic_worker and "chief" in job.replica_specs)
 
 
 @dataclass(frozen=True)
@@ -130,13 +135,19 @@ def read_members(data: Mapping[str, Any] | None) -> Members | None:
     return Members(tuple(sorted(workers)), replicas)
 
 
-def members_data(job: jobspec.StrategyJob, members: Members) -> dict[str, str]:
+def members_data(
+    job: jobspec.StrategyJob, members: Members, tfjob: jobspec.TFJob | None = None
+) -> dict[str, str]:
     """The ConfigMap's ``data`` for ``members``: the chief's file is TF_CONFIG's cluster with
-    the workers as ``{index: address}`` (the sparse form TensorFlow's ``ClusterSpec`` takes)."""
-    cluster: dict[str, Any] = dict(jobspec.cluster_for_kubernetes(job))
-    cluster.pop("evaluator", None)
+    the workers as ``{index: address}`` (the sparse form TensorFlow's ``ClusterSpec`` takes).
+    A TFJob's is its own cluster: its Services' addresses, its type names (``master``), as
+    its dense ``TF_CONFIG`` would write them."""
+    addresses_of = jobspec.cluster_for_kubernetes(job) if tfjob is None else tfjob.cluster()
+    cluster: dict[str, Any] = {t: a for t, a in addresses_of.items() if t != "evaluator"}
     addresses = cluster.get("worker") or []
     cluster["worker"] = {str(i): addresses[i] for i in members.workers if i < len(addresses)}
+    if tfjob is not None:
+        cluster = {tfjob.type_name(t): a for t, a in cluster.items()}
     return {
         MEMBERS_FILE_KEY: json.dumps(cluster, sort_keys=True, separators=(",", ":")),
         WORKERS_KEY: format_indexes(members.workers),
@@ -182,6 +193,14 @@ def added_workers(
         for i in range(previous.replicas, job.num_replicas("worker"))
         if job.pod_name("worker", i) not in have
     ]
+
+
+def added_others(
+    job: jobspec.StrategyJob, services: Iterable[Mapping[str, Any]]
+) -> list[tuple[str, int]]:
+    """A resizable TFJob's replicas other than workers that an edit added (:func:`added`):
+    its chief follows only workers, so these are created as training-operator creates them."""
+    return [(t, i) for t, i in added(job, services) if t != "worker"]
 
 
 def joining(job: jobspec.StrategyJob, members: Members | None) -> frozenset[tuple[str, int]]:

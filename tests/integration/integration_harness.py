@@ -235,6 +235,13 @@ class Kube:
         }
         self.core.patch_namespaced_pod_status(pod, self.ns, {"status": status})
 
+    def make_ready(self, pod: str) -> None:
+        """What a kubelet writes for a started pod: Running, its container ready, Ready."""
+        self.set_phase(pod, "Running")
+        self.core.patch_namespaced_pod_status(
+            pod, self.ns, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        )
+
     def set_container_states(self, pod: str, phase: str, states: dict[str, dict[str, Any]]) -> None:
         """Play the kubelet for pods with several containers (a sidecar) or containers that
         wait (an image that does not pull): write the phase and each named container's

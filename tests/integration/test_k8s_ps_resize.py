@@ -18,14 +18,6 @@ pytestmark = pytest.mark.timeout(180)
 MEMBERS = "elastic-strategyjob-members"
 
 
-def make_ready(kube, pod: str) -> None:
-    """What a kubelet writes for a started pod: Running, its container ready, Ready."""
-    kube.set_phase(pod, "Running")
-    kube.core.patch_namespaced_pod_status(
-        pod, kube.ns, {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    )
-
-
 def members(kube) -> dict[str, str]:
     return dict(kube.core.read_namespaced_config_map(MEMBERS, kube.ns).data or {})
 
@@ -54,7 +46,7 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
         manifest("elastic", "ParameterServerStrategy", {"chief": 1, "ps": 1, "worker": 2})
     )
     for name in kube.wait_pods("elastic", 4):
-        make_ready(kube, name)
+        kube.make_ready(name)
     kube.wait_condition("elastic", "Running")
     first = wait_members(kube, "0-1")
     cluster = json.loads(first["cluster.json"])
@@ -79,7 +71,7 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     )
     assert "waiting for elastic-worker-2, elastic-worker-3 to be Ready" in waiting["message"]
     assert members(kube)["workers"] == "0-1"
-    make_ready(kube, "elastic-worker-2")
+    kube.make_ready("elastic-worker-2")
     joined = wait_members(kube, "0-2")
     assert sorted(json.loads(joined["cluster.json"])["worker"]) == ["0", "1", "2"]
     wait_for(
@@ -91,7 +83,7 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
             == "0,1,2"
         ),
     )
-    make_ready(kube, "elastic-worker-3")
+    kube.make_ready("elastic-worker-3")
     wait_members(kube, "0-3")
     done = wait_for(
         "Resizing False",
@@ -116,7 +108,7 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     scale(cp, kube, 3)
     pods = kube.wait_pods("elastic", 5)
     for name in ("elastic-worker-1", "elastic-worker-2"):
-        make_ready(kube, name)
+        kube.make_ready(name)
     wait_members(kube, "0-2")
 
     after = uids(kube)
@@ -159,7 +151,7 @@ def test_a_collective_job_re_forms_at_each_new_size_from_its_checkpoint(
             env = kube.container_env(raw[pod])
             assert env["WORLD_SIZE"] == str(count)
             assert len(json.loads(env["TF_CONFIG"])["cluster"]["worker"]) == count
-            make_ready(kube, pod)
+            kube.make_ready(pod)
 
     kube.create_job(manifest(name, strategy, {"worker": 2}))
     group(2, 0)
@@ -173,7 +165,7 @@ def test_a_collective_job_re_forms_at_each_new_size_from_its_checkpoint(
     ahead = wait_for(f"{name}-worker-2", lambda: kube.pods(name).get(f"{name}-worker-2"))
     assert ahead.metadata.labels["strategyjob.dev/restart-attempt"] == "1"
     assert set(before.values()) <= set(uids_of(kube, name).values())
-    make_ready(kube, f"{name}-worker-2")  # it runs (its task waits for the group's leader)
+    kube.make_ready(f"{name}-worker-2")  # it runs (its task waits for the group's leader)
     wait_for(
         "the old group gone",
         lambda: not set(before.values()) & set(uids_of(kube, name).values()),
@@ -222,7 +214,7 @@ def test_a_worker_added_that_cannot_start_leaves_the_job_running_at_its_old_size
     m["spec"]["runPolicy"] = {"pendingTimeoutSeconds": 3}
     kube.create_job(m)
     for name in kube.wait_pods("stuckgrow", sum(counts.values())):
-        make_ready(kube, name)
+        kube.make_ready(name)
     kube.wait_condition("stuckgrow", "Running")
     before = uids_of(kube, "stuckgrow")
     done = control_plane.kubectl("scale", "sjob/stuckgrow", "--replicas=3", "-n", kube.ns)
@@ -254,7 +246,7 @@ def test_a_worker_added_that_cannot_start_leaves_the_job_running_at_its_old_size
     running = {n: u for n, u in uids_of(kube, "stuckgrow").items() if n != "stuckgrow-worker-2"}
     assert set(running) == set(before)
     assert running == before, "the running group's pods are untouched"
-    make_ready(kube, "stuckgrow-worker-2")
+    kube.make_ready("stuckgrow-worker-2")
     if strategy == "MultiWorkerMirroredStrategy":  # re-forms now: the old group is made anew
         ahead = kube.pods("stuckgrow")["stuckgrow-worker-2"].metadata.uid
         wait_for(
@@ -262,7 +254,7 @@ def test_a_worker_added_that_cannot_start_leaves_the_job_running_at_its_old_size
             lambda: not set(before.values()) & set(uids_of(kube, "stuckgrow").values()),
         )
         for name in kube.wait_pods("stuckgrow", 3):
-            make_ready(kube, name)
+            kube.make_ready(name)
         assert uids_of(kube, "stuckgrow")["stuckgrow-worker-2"] == ahead  # it waited, kept
     settled = wait_for(
         "Resizing False",

@@ -4,6 +4,7 @@ pods, Services, labels, ``TF_CONFIG`` and conditions; the status lifecycle."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,8 @@ PREFIX = "tf-"
 #: The operator's ``CUSTOM_CLUSTER_DOMAIN``, as a platform team moving from training-operator
 #: keeps it: every ``TF_CONFIG`` address ends with it.
 DOMAIN = "cluster.local"
+#: training-operator's label naming a pod's TFJob.
+TF_JOB_LABEL = "training.kubeflow.org/job-name"
 
 
 @pytest.fixture(scope="module")
@@ -315,3 +318,148 @@ def test_replicas_edits_scale_the_tfjob(tf: Kube) -> None:
     conds = {x["type"]: x["status"] for x in tfjob(tf, "grow")["status"]["conditions"]}
     assert conds["Running"] == "True"
     assert conds.get("Failed") != "True" and conds.get("Restarting") != "True"
+
+
+def tfjob_events(k: Kube, name: str, reason: str) -> list[str]:
+    return [
+        e.message
+        for e in k.core.list_namespaced_event(k.ns).items
+        if e.involved_object.kind == "TFJob"
+        and e.involved_object.name == name
+        and e.reason == reason
+    ]
+
+
+@pytest.mark.timeout(150)
+def test_a_dynamic_ps_tfjobs_chief_follows_its_workers_2_3_1(tf: Kube) -> None:
+    """enableDynamicWorker with a Chief and PS: the chief's members file (the TFJob's own
+    cluster) gains worker 2 once its pod is Ready and loses workers 1 and 2 before their pods
+    are deleted; the chief is never replaced; Resizing and Events say each change."""
+    from kubernetes import watch
+
+    name, members_name = "dynps", "dynps-strategyjob-members"
+    manifest = two_types(name, tf.ns, enableDynamicWorker=True)
+    ps = dict(manifest["spec"]["tfReplicaSpecs"]["Worker"], replicas=1)
+    manifest["spec"]["tfReplicaSpecs"]["PS"] = ps
+    create(tf, manifest)
+    pods = wait_tf_pods(tf, name, 4)
+    chief_uid = pods["dynps-chief-0"]["metadata"]["uid"]
+    env = tf.container_env(pods["dynps-chief-0"])
+    assert env["STRATEGYJOB_CLUSTER_FILE"] == "/etc/strategyjob/members/cluster.json"
+    volumes = pods["dynps-chief-0"]["spec"]["volumes"]
+    assert members_name in [(v.get("configMap") or {}).get("name") for v in volumes]
+    for pod_name in pods:
+        tf.make_ready(pod_name)
+    wait_condition(tf, name, "Running")
+
+    def members() -> dict[str, str]:
+        return dict(tf.core.read_namespaced_config_map(members_name, tf.ns).data or {})
+
+    def wait_members(workers: str) -> dict[str, str]:
+        found: dict[str, str] = wait_for(
+            f"the chief's members to be workers {workers}",
+            lambda: (m := members()).get("workers") == workers and m,
+        )
+        return found
+
+    svc = f"{tf.ns}.svc.{DOMAIN}:2222"
+    assert json.loads(wait_members("0-1")["cluster.json"]) == {
+        "chief": [f"dynps-chief-0.{svc}"],
+        "ps": [f"dynps-ps-0.{svc}"],
+        "worker": {"0": f"dynps-worker-0.{svc}", "1": f"dynps-worker-1.{svc}"},
+    }
+
+    # 2 -> 3: worker 2 gets its Service and pod; the chief takes it once it is Ready
+    patch(tf, name, {"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 3}}}})
+    pods = wait_tf_pods(tf, name, 5)
+    assert tf.container_env(pods["dynps-worker-2"])["TF_CONFIG"] == (
+        '{"cluster":{"worker":{"2":"dynps-worker-2.' + svc + '"},"ps":["dynps-ps-0.' + svc + '"]},'
+        '"task":{"type":"worker","index":2}}'
+    )
+    wait_for("its Service", lambda: tf.core.read_namespaced_service("dynps-worker-2", tf.ns))
+    waiting = wait_condition(tf, name, "Resizing")
+    # (no node here: the scheduler's words follow, as for a StrategyJob's ResizeStalled)
+    assert waiting["message"].startswith(
+        "TFJob dynps: resizing to 3 workers; the chief follows 2, waiting for dynps-worker-2 to "
+        "be Ready."
+    )
+    conds = tfjob(tf, name)["status"]["conditions"]
+    assert conds[-1]["type"] == "Running", conds  # kubectl get tfjob's State column
+    assert members()["workers"] == "0-1"
+    tf.make_ready("dynps-worker-2")
+    joined = json.loads(wait_members("0-2")["cluster.json"])
+    assert joined["worker"]["2"] == f"dynps-worker-2.{svc}"
+    wait_for(
+        "the chief's members annotation",
+        lambda: (
+            (tf.core.read_namespaced_pod("dynps-chief-0", tf.ns).metadata.annotations or {}).get(
+                "strategyjob.dev/members"
+            )
+            == "0,1,2"
+        ),
+    )
+    wait_for(
+        "Resizing False",
+        lambda: any(
+            x["type"] == "Resizing" and x["status"] == "False"
+            for x in tfjob(tf, name)["status"]["conditions"]
+        ),
+    )
+    assert tfjob(tf, name)["status"]["workers"] == 3
+
+    # 3 -> 1: each pod of a worker that left is deleted only once the file no longer has it
+    listed = tf.core.list_namespaced_pod(tf.ns, label_selector=f"{TF_JOB_LABEL}={name}")
+    patch(tf, name, {"spec": {"tfReplicaSpecs": {"Worker": {"replicas": 1}}}})
+    going: set[str] = set()
+    pod_events = watch.Watch()
+    try:  # every pod change since the list, the deletions included, within 30 s
+        for event in pod_events.stream(
+            tf.core.list_namespaced_pod,
+            tf.ns,
+            label_selector=f"{TF_JOB_LABEL}={name}",
+            resource_version=listed.metadata.resource_version,
+            timeout_seconds=30,
+        ):
+            pod = event["object"]
+            if pod.metadata.name in ("dynps-worker-1", "dynps-worker-2") and (
+                event["type"] == "DELETED" or pod.metadata.deletion_timestamp
+            ):
+                held = members()["workers"]
+                assert held == "0", f"{pod.metadata.name} went while the chief had {held}"
+                going.add(pod.metadata.name)
+                if len(going) == 2:
+                    break
+    finally:
+        pod_events.stop()
+    assert going == {"dynps-worker-1", "dynps-worker-2"}
+    assert sorted(json.loads(members()["cluster.json"])["worker"]) == ["0"]
+    wait_for(
+        "their Services deleted",
+        lambda: (
+            {s.metadata.name for s in tf.core.list_namespaced_service(tf.ns).items}
+            == {"dynps-chief-0", "dynps-ps-0", "dynps-worker-0"}
+        ),
+    )
+    assert wait_tf_pods(tf, name, 3)["dynps-chief-0"]["metadata"]["uid"] == chief_uid
+    resized = wait_for(
+        "both Resized Events",
+        lambda: (m := tfjob_events(tf, name, "Resized")) and len(m) >= 2 and m,
+    )
+    assert any("TFJob dynps: workers 2 -> 3 (joined: worker 2)" in m for m in resized), resized
+    assert any("workers 3 -> 1 (left: worker 1-2)" in m for m in resized), resized
+    status = tfjob(tf, name)["status"]
+    conds = {x["type"]: x["status"] for x in status["conditions"]}
+    assert conds["Running"] == "True" and conds.get("Failed") != "True"
+    assert status["conditions"][-1]["type"] == "Running"
+    assert status.get("restartCount", 0) == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_dynamic_tfjob_without_ps_keeps_no_members_file(tf: Kube) -> None:
+    """Without ps (so not ParameterServerStrategy-shaped) a dynamic TFJob's chief gets no
+    members file: its edits stay training-operator's."""
+    create(tf, two_types("dynmw", tf.ns, enableDynamicWorker=True))
+    pods = wait_tf_pods(tf, "dynmw", 3)
+    assert "STRATEGYJOB_CLUSTER_FILE" not in tf.container_env(pods["dynmw-chief-0"])
+    names = {m.metadata.name for m in tf.core.list_namespaced_config_map(tf.ns).items}
+    assert "dynmw-strategyjob-members" not in names
