@@ -125,3 +125,33 @@ def test_a_tfjob_replicas_edit_moves_its_pod_groups_min_member(
             assert group["spec"]["queue"] == "research"
     finally:
         op.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_resizable_jobs_pod_group_counts_its_workers_at_their_minimum(
+    own_kube, control_plane, volcano_pod_group_crd
+):
+    """A ParameterServerStrategy job with workers bounded by minReplicas 2: its PodGroup's
+    minMember counts 2 workers (chief + ps + 2 = 4, not its 5 pods), so the scheduler admits
+    the job at any size it may be resized to; scaled 3 -> 4 -> 2, minMember stays, and the
+    added worker's pod joins the same gang."""
+    kube, cp = own_kube, control_plane
+    env = {"STRATEGYJOB_GANG_SCHEDULER": "volcano"}
+    op = OperatorProcess(cp, "--standalone", "-n", kube.ns, env=env).start()
+    try:
+        m = manifest("bounded", "ParameterServerStrategy", {"chief": 1, "ps": 1, "worker": 3})
+        m["spec"]["replicaSpecs"]["worker"].update({"minReplicas": 2, "maxReplicas": 4})
+        kube.create_job(m)
+        kube.wait_pods("bounded", 5)
+        (group,) = pod_groups(kube)
+        assert group["spec"]["minMember"] == 4
+        for count, pods in ((4, 6), (2, 4)):
+            done = cp.kubectl("scale", "sjob/bounded", f"--replicas={count}", "-n", kube.ns)
+            assert done.returncode == 0, done.stderr
+            found = kube.wait_pods("bounded", pods)
+            (group,) = pod_groups(kube)
+            assert group["spec"]["minMember"] == 4
+            for pod in found.values():
+                assert pod.metadata.annotations["scheduling.k8s.io/group-name"] == "bounded"
+    finally:
+        op.stop()
