@@ -7,6 +7,7 @@ import torch
 from input_fakes import FakeCluster, FakeExtended, steps_of
 from strategyjob.input import AutoShardPolicy, distribute_dataset
 from strategyjob.input.dataloader_sharding import can_shard_indices
+from strategyjob.strategies import base  # noqa: F401  (the default strategy the fakes fall back to)
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 
