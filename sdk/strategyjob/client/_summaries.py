@@ -16,9 +16,7 @@ from typing import IO
 
 from strategyjob.client._view import SubmittedJob
 from strategyjob.errors import StrategyJobError
-
-#: The leader's replica types, in order: TensorFlow's ``is_chief`` rule (chief 0, else worker 0).
-_LEADER_TYPES = ("chief", "worker")
+from strategyjob.jobspec import leader_among
 
 
 @dataclass(frozen=True)
@@ -35,10 +33,10 @@ class SummaryCopy:
 def leader_replica(job: SubmittedJob) -> str:
     """The job's leader (``chief-0``, else ``worker-0``): the replica whose reports, and
     summaries, count."""
-    for replica_type, index in job.replicas():
-        if replica_type in _LEADER_TYPES:
-            return f"{replica_type}-{index}"
-    raise StrategyJobError(f"StrategyJob {job.name} has neither a chief nor a worker.")
+    found = leader_among(job.replicas())
+    if found is None:
+        raise StrategyJobError(f"StrategyJob {job.name} has neither a chief nor a worker.")
+    return f"{found[0]}-{found[1]}"
 
 
 def reported_logdir(job: SubmittedJob) -> str:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from strategyjob import _names
@@ -93,11 +93,17 @@ def is_service_account_name(name: str) -> bool:
 def leader(job: StrategyJob) -> tuple[str, int]:
     """The replica that leads the job: chief 0, else worker 0 (TF's ``is_chief`` rule).
     It hosts the torch rendezvous and saves checkpoints."""
-    if job.num_replicas("chief") > 0:
-        return ("chief", 0)
-    if job.num_replicas("worker") > 0:
-        return ("worker", 0)
-    raise ValueError(f"StrategyJob {job.name!r} has neither a chief nor a worker to lead it.")
+    found = leader_among(job.replicas())
+    if found is None:
+        raise ValueError(f"StrategyJob {job.name!r} has neither a chief nor a worker to lead it.")
+    return found
+
+
+def leader_among(replicas: Iterable[tuple[str, int]]) -> tuple[str, int] | None:
+    """:func:`leader`'s rule over a job's ``(type, index)`` replicas, for callers that hold a
+    job's replicas but not its loaded spec (the client's view of a submitted job)."""
+    present = set(replicas)
+    return next((k for k in (("chief", 0), ("worker", 0)) if k in present), None)
 
 
 def success_replicas(job: StrategyJob) -> list[tuple[str, int]]:
