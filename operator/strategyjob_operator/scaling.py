@@ -186,8 +186,14 @@ def added_workers(
     job: jobspec.StrategyJob, previous: Members, pods: Iterable[Mapping[str, Any]]
 ) -> list[tuple[str, int]]:
     """The worker replicas a resize added that have no pod yet: indices at or above the count
-    the pods were made for. (A missing pod below it is a failure, which the decisions count.)"""
-    have = {(p.get("metadata") or {}).get("name") for p in pods}
+    the pods were made for. (A missing pod below it is a failure, which the decisions count.)
+    A pod that is going (a worker removed and added again before it ended) is not the new
+    worker's: its pod is made once the old one is gone."""
+    have = {
+        meta.get("name")
+        for p in pods
+        if not (meta := p.get("metadata") or {}).get("deletionTimestamp")
+    }
     return [
         ("worker", i)
         for i in range(previous.replicas, job.num_replicas("worker"))

@@ -8,6 +8,7 @@ change."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -36,6 +37,9 @@ def scale(cp, kube, replicas: int) -> None:
 
 def uids(kube) -> dict[str, str]:
     return {name: pod.metadata.uid for name, pod in kube.pods("elastic").items()}
+
+
+HOLD = "strategyjob.dev/test-hold"
 
 
 def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
@@ -100,14 +104,30 @@ def test_a_ps_job_is_resized_2_4_1_3_without_restarting_anything_that_stays(
     events = kube.wait_events("elastic", "Resized")
     assert any("workers 2 -> 3 (joined: worker 2)" in e.message for e in events)
 
-    # 4 -> 1: the chief is told first, then the pods go
+    # 4 -> 1: the chief is told first, then the pods go; workers 1 and 2 are held going (a
+    # finalizer: a kubelet's grace period) while the job is scaled back to 3
+    going = ("elastic-worker-1", "elastic-worker-2")
+    for name in going:
+        kube.core.patch_namespaced_pod(name, kube.ns, {"metadata": {"finalizers": [HOLD]}})
+    old = uids(kube)
     scale(cp, kube, 1)
     wait_members(kube, "0")
     kube.wait_pods("elastic", 3)
-    # 1 -> 3
+    # 1 -> 3: the new workers 1 and 2 get pods once the old ones are gone, and join
     scale(cp, kube, 3)
+    # nothing says the operator saw the edit (its pods cannot be made yet): give it 2 s, in
+    # which the going pods must stay the old ones
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        assert {n: uids(kube).get(n) for n in going} == {n: old[n] for n in going}
+        time.sleep(0.2)
+    for name in going:
+        drop = '[{"op": "remove", "path": "/metadata/finalizers"}]'
+        done = cp.kubectl("patch", "pod", name, "-n", kube.ns, "--type=json", "-p", drop)
+        assert done.returncode == 0, done.stderr
     pods = kube.wait_pods("elastic", 5)
-    for name in ("elastic-worker-1", "elastic-worker-2"):
+    for name in going:
+        assert pods[name].metadata.uid != old[name]
         kube.make_ready(name)
     wait_members(kube, "0-2")
 

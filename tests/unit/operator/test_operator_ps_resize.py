@@ -81,6 +81,15 @@ def test_a_resize_adds_pods_only_above_the_count_they_were_made_for():
     assert scaling.added_workers(resized(1), before, []) == []
 
 
+def test_a_worker_removed_then_added_again_gets_a_new_pod_once_its_old_one_is_gone():
+    """Scaled 4 -> 1 -> 3 before workers 1 and 2 finished terminating: their going pods are
+    not theirs any more. (Counted as there, the count the pods were made for moved to 3 and
+    the two were never made again: found on kind.)"""
+    before = scaling.Members((0,), 1)
+    going = [pod(0), pod(1, going=True), pod(2, going=True)]
+    assert scaling.added_workers(resized(3), before, going) == [("worker", 1), ("worker", 2)]
+
+
 @pytest.mark.parametrize(
     ("workers", "expected"),
     [
