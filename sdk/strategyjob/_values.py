@@ -39,7 +39,7 @@ def _current_local_replica_id() -> int | None:
     replica_context = _context.current_mode().replica_context
     if replica_context is None or _context.is_default_strategy(replica_context.strategy):
         return None
-    return replica_context._local_replica_id
+    return _context.local_replica_id(replica_context)
 
 
 class DistributedValues:
@@ -93,13 +93,17 @@ class DistributedValues:
         cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         """torch ops on a distributed value use the current replica's component."""
-
-        def unwrap(x: Any) -> Any:
-            return x._get() if isinstance(x, DistributedValues) else x
-
-        args = _nest.map_structure(unwrap, args)
-        kwargs = _nest.map_structure(unwrap, kwargs or {})
+        args = _nest.map_structure(cls._unwrap, args)
+        kwargs = _nest.map_structure(cls._unwrap, kwargs or {})
         return func(*args, **kwargs)
+
+    @staticmethod
+    def _unwrap(value: Any) -> Any:
+        """``value``'s component for the current context when it is a distributed value."""
+        if not isinstance(value, DistributedValues):
+            return value
+        distributed: DistributedValues = value  # its own ``_get``, which subclasses override
+        return distributed._get()
 
 
 _context.register_distributed_value_type(DistributedValues)
@@ -114,14 +118,14 @@ class PerReplica(DistributedValues):
 
 def _binary(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def forward(self: DistributedDelegate, other: Any) -> Any:
-        return op(self._get(), _unwrap(other))
+        return op(self._get(), self._unwrap(other))
 
     return forward
 
 
 def _reflected(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def backward(self: DistributedDelegate, other: Any) -> Any:
-        return op(_unwrap(other), self._get())
+        return op(self._unwrap(other), self._get())
 
     return backward
 
@@ -131,10 +135,6 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return op(self._get())
 
     return apply
-
-
-def _unwrap(value: Any) -> Any:
-    return value._get() if isinstance(value, DistributedValues) else value
 
 
 class DistributedDelegate(DistributedValues):
@@ -185,7 +185,7 @@ class DistributedDelegate(DistributedValues):
     __invert__ = _unary(operator.invert)
 
     def __pow__(self, other: Any, modulo: Any = None) -> Any:
-        return pow(self._get(), _unwrap(other), modulo)
+        return pow(self._get(), self._unwrap(other), modulo)
 
     def __getitem__(self, key: Any) -> Any:
         return self._get()[key]
