@@ -20,6 +20,7 @@ __all__ = [
     "PerReplica",
     "ValueContext",
     "is_distributed_variable",
+    "register_variable_types",
     "regroup",
     "select_replica",
 ]
@@ -236,21 +237,38 @@ class ValueContext:
     __repr__ = __str__
 
 
+# The variables layer's types (``_variables``, above this one, which cannot import it), as it
+# declares them with ``register_variable_types``.
+_distributed_variable_types: tuple[type, ...] = ()
+_component_types: tuple[type, ...] = ()
+_containers: list[Callable[[Any], Any]] = []
+
+
+def register_variable_types(
+    distributed: type, component: type, container_of: Callable[[Any], Any]
+) -> None:
+    """Declare the variables: a ``distributed`` value is one variable, which :func:`regroup` and
+    :func:`select_replica` keep whole; ``container_of(c)`` is the distributed variable that a
+    ``c`` whose class is ``component`` or a subclass of it belongs to, or None."""
+    global _distributed_variable_types, _component_types
+    if not issubclass(distributed, DistributedValues):
+        raise TypeError(f"{distributed.__name__} is not a DistributedValues subclass.")
+    _distributed_variable_types = (*_distributed_variable_types, distributed)
+    _component_types = (*_component_types, component)
+    _containers.append(container_of)
+
+
 def is_distributed_variable(value: Any) -> bool:
-    """A distributed variable container (marks itself with ``_is_distributed_variable = True``)."""
-    return isinstance(value, DistributedValues) and (
-        getattr(value, "_is_distributed_variable", False) is True
-    )
+    """A distributed variable container (a type declared by ``register_variable_types``)."""
+    return isinstance(value, _distributed_variable_types)
 
 
 def _container_of(value: Any) -> Any:
-    """The distributed variable a component belongs to (``_distributed_container()``), or None."""
-    import torch
-
-    if isinstance(value, torch.Tensor) and not getattr(value, "_is_variable_component", False):
+    """The distributed variable a component belongs to, or None."""
+    kind = type(value)  # by class: to isinstance, every kind of variable is a Variable (as in TF)
+    if not issubclass(kind, _component_types):
         return None
-    getter = getattr(value, "_distributed_container", None)
-    return getter() if callable(getter) else None
+    return next(get(value) for c, get in zip(_component_types, _containers) if issubclass(kind, c))
 
 
 def regroup(

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from strategyjob import _context, errors
+from strategyjob import _context, _variables, errors
 from strategyjob.strategies.base import HoldsOptimizerSlots
 from strategyjob.train import _storage
 
@@ -124,7 +124,7 @@ def _leaves(checkpoint: Checkpoint) -> Iterator[Any]:
 
 def _is_variable(obj: Any) -> bool:
     return hasattr(obj, "assign") and (
-        hasattr(obj, "_checkpoint_value") or hasattr(obj, "read_value")
+        _variables.checkpoint_reader(obj) is not None or hasattr(obj, "read_value")
     )
 
 
@@ -216,7 +216,7 @@ def _capture(obj: Any, extended: Any = None) -> tuple[str, Any]:
             state["state"] = owner.optimizer_slots(obj)
         return kind, _whole(state)
     if kind == "variable":
-        read = getattr(obj, "_checkpoint_value", None) or obj.read_value
+        read = _variables.checkpoint_reader(obj) or obj.read_value
         return kind, torch.as_tensor(read()).detach()
     if kind == "tensor":
         return kind, _whole(obj.detach())
