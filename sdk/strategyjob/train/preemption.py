@@ -149,7 +149,7 @@ class _Agreement:
         self._pending = None
 
 
-def _agreement(checkpoint: Checkpoint) -> Callable[[bool], Callable[[], bool]]:
+def _agreement_starter(checkpoint: Checkpoint) -> Callable[[bool], Callable[[], bool]]:
     """``start(flag)`` -> ``answer()``: True when ``flag`` was true on any worker. The strategy
     in scope, else the checkpoint's (as ``Checkpoint`` finds it), else the process's collective
     group, else this process alone."""
@@ -242,7 +242,7 @@ class PreemptionCheckpointHandler:
             )
         self._runs = _RunCounter()
         setattr(checkpoint, _ITERATION_NAME, self._runs)
-        self._agreement = _Agreement(_agreement(checkpoint))
+        self._agreement = _Agreement(_agreement_starter(checkpoint))
         # the last call's agreement is never collected: let go of it at exit, or the
         # collective group's exit drain would wait its whole timeout for that work
         atexit.register(_forget_pending, weakref.ref(self._agreement))
