@@ -619,6 +619,12 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return (None, None, None, *pieces)
 
 
+def local_replica_id(context: ReplicaContext) -> int:
+    """``context``'s index among this process's replicas: the component of a distributed
+    value (``_values``, ``_variables``) it reads and updates."""
+    return context._local_replica_id
+
+
 def route_merge_calls(context: ReplicaContext, channel: MergeChannel | None) -> None:
     """Route ``context``'s ``merge_call`` through ``channel`` (the thread group of a
     multi-replica run, ``collective/local.py``); None: it runs inline again."""

@@ -20,6 +20,7 @@ __all__ = [
     "PerReplica",
     "ValueContext",
     "is_distributed_variable",
+    "register_variable_types",
     "regroup",
     "select_replica",
 ]
@@ -39,7 +40,7 @@ def _current_local_replica_id() -> int | None:
     replica_context = _context.current_mode().replica_context
     if replica_context is None or _context.is_default_strategy(replica_context.strategy):
         return None
-    return replica_context._local_replica_id
+    return _context.local_replica_id(replica_context)
 
 
 class DistributedValues:
@@ -93,13 +94,17 @@ class DistributedValues:
         cls, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         """torch ops on a distributed value use the current replica's component."""
-
-        def unwrap(x: Any) -> Any:
-            return x._get() if isinstance(x, DistributedValues) else x
-
-        args = _nest.map_structure(unwrap, args)
-        kwargs = _nest.map_structure(unwrap, kwargs or {})
+        args = _nest.map_structure(cls._unwrap, args)
+        kwargs = _nest.map_structure(cls._unwrap, kwargs or {})
         return func(*args, **kwargs)
+
+    @staticmethod
+    def _unwrap(value: Any) -> Any:
+        """``value``'s component for the current context when it is a distributed value."""
+        if not isinstance(value, DistributedValues):
+            return value
+        distributed: DistributedValues = value  # its own ``_get``, which subclasses override
+        return distributed._get()
 
 
 _context.register_distributed_value_type(DistributedValues)
@@ -114,14 +119,14 @@ class PerReplica(DistributedValues):
 
 def _binary(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def forward(self: DistributedDelegate, other: Any) -> Any:
-        return op(self._get(), _unwrap(other))
+        return op(self._get(), self._unwrap(other))
 
     return forward
 
 
 def _reflected(op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def backward(self: DistributedDelegate, other: Any) -> Any:
-        return op(_unwrap(other), self._get())
+        return op(self._unwrap(other), self._get())
 
     return backward
 
@@ -131,10 +136,6 @@ def _unary(op: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return op(self._get())
 
     return apply
-
-
-def _unwrap(value: Any) -> Any:
-    return value._get() if isinstance(value, DistributedValues) else value
 
 
 class DistributedDelegate(DistributedValues):
@@ -185,7 +186,7 @@ class DistributedDelegate(DistributedValues):
     __invert__ = _unary(operator.invert)
 
     def __pow__(self, other: Any, modulo: Any = None) -> Any:
-        return pow(self._get(), _unwrap(other), modulo)
+        return pow(self._get(), self._unwrap(other), modulo)
 
     def __getitem__(self, key: Any) -> Any:
         return self._get()[key]
@@ -236,21 +237,38 @@ class ValueContext:
     __repr__ = __str__
 
 
+# The variables layer's types (``_variables``, above this one, which cannot import it), as it
+# declares them with ``register_variable_types``.
+_distributed_variable_types: tuple[type, ...] = ()
+_component_types: tuple[type, ...] = ()
+_containers: list[Callable[[Any], Any]] = []
+
+
+def register_variable_types(
+    distributed: type, component: type, container_of: Callable[[Any], Any]
+) -> None:
+    """Declare the variables: a ``distributed`` value is one variable, which :func:`regroup` and
+    :func:`select_replica` keep whole; ``container_of(c)`` is the distributed variable that a
+    ``c`` whose class is ``component`` or a subclass of it belongs to, or None."""
+    global _distributed_variable_types, _component_types
+    if not issubclass(distributed, DistributedValues):
+        raise TypeError(f"{distributed.__name__} is not a DistributedValues subclass.")
+    _distributed_variable_types = (*_distributed_variable_types, distributed)
+    _component_types = (*_component_types, component)
+    _containers.append(container_of)
+
+
 def is_distributed_variable(value: Any) -> bool:
-    """A distributed variable container (marks itself with ``_is_distributed_variable = True``)."""
-    return isinstance(value, DistributedValues) and (
-        getattr(value, "_is_distributed_variable", False) is True
-    )
+    """A distributed variable container (a type declared by ``register_variable_types``)."""
+    return isinstance(value, _distributed_variable_types)
 
 
 def _container_of(value: Any) -> Any:
-    """The distributed variable a component belongs to (``_distributed_container()``), or None."""
-    import torch
-
-    if isinstance(value, torch.Tensor) and not getattr(value, "_is_variable_component", False):
+    """The distributed variable a component belongs to, or None."""
+    kind = type(value)  # by class: to isinstance, every kind of variable is a Variable (as in TF)
+    if not issubclass(kind, _component_types):
         return None
-    getter = getattr(value, "_distributed_container", None)
-    return getter() if callable(getter) else None
+    return next(get(value) for c, get in zip(_component_types, _containers) if issubclass(kind, c))
 
 
 def regroup(

@@ -21,6 +21,12 @@ The package splits by kind: ``_common`` (enums, messages, the tensor-like base),
 storage) and ``_factories`` (what the strategies call).
 """
 
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from strategyjob import _values
 from strategyjob._variables._aggregating import AggregatingVariable
 from strategyjob._variables._common import (
     IndexedSlices,
@@ -60,6 +66,7 @@ __all__ = [
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",
+    "checkpoint_reader",
     "create_aggregating_variable",
     "create_distributed_variable",
     "create_plain_variable",
@@ -81,3 +88,16 @@ _INTERNAL = (
     _unwrap,
     _validate_enums,
 )
+
+# ``_values`` (below) learns which of its values are variables: kept whole by regroup and
+# select_replica, a component regrouped into its container.
+_values.register_variable_types(DistributedVariable, Variable, Variable._distributed_container)
+
+
+def checkpoint_reader(value: Any) -> Callable[[], torch.Tensor] | None:
+    """What ``strategyjob.train.Checkpoint`` reads to save ``value`` when it is a distributed or
+    aggregating variable (the cross-replica read, aggregated for sync-on-read; the central
+    value); None for anything else, which a checkpoint reads as it reads itself."""
+    if isinstance(value, DistributedVariable | AggregatingVariable):
+        return value._checkpoint_value
+    return None

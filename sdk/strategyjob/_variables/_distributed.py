@@ -61,9 +61,8 @@ def _component_update(op_name: str) -> Callable[..., Any]:
 
 
 class DistributedVariable(_VariableBase, _values.DistributedValues):
-    """Base of the variables holding one component per local replica device."""
-
-    _is_distributed_variable = True  # how ``_values.regroup``/``select_replica`` know it
+    """Base of the variables holding one component per local replica device (declared to
+    ``_values`` by the package, so ``regroup``/``select_replica`` keep it whole)."""
 
     def __init__(
         self,

@@ -94,7 +94,7 @@ class FileDataset:
     def shard(self, num_shards: int, index: int) -> FileDataset:
         """Keep files ``index, index + num_shards, …``; ``SHARD_HINT`` defers to the strategy."""
         _check_shard(num_shards, index)
-        sharded = self.with_files(self.files)
+        sharded: FileDataset = self.with_files(self.files)  # a FileDataset sets its own shard
         sharded._shard = (num_shards, index)
         return sharded
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from strategyjob import _context, errors
+from strategyjob import _context, _variables, errors
 from strategyjob.strategies.base import HoldsOptimizerSlots
 from strategyjob.train import _storage
 
@@ -38,7 +38,7 @@ _PYTHON_TYPES = (bool, int, float, str, type(None))
 
 
 @dataclass(frozen=True)
-class _Role:
+class Role:
     """This process's part in a save: whether it writes, and how workers agree afterwards
     (``agree(flag)`` is true when ``flag`` is true on any worker; it waits for all of them)."""
 
@@ -82,19 +82,26 @@ def strategy_for(checkpoint: Checkpoint) -> Any:
     return strategy
 
 
-def _role(checkpoint: Checkpoint) -> _Role:
+def role(checkpoint: Checkpoint) -> Role:
     """Who writes and how workers agree: :func:`strategy_for`'s strategy; with none, the
     process's multi-worker collective group (rank 0 writes)."""
     strategy = strategy_for(checkpoint)
     if strategy is not None:
         extended = strategy.extended
-        return _Role(bool(extended.should_checkpoint), extended.collectives.any_has_data)
+        return Role(bool(extended.should_checkpoint), extended.collectives.any_has_data)
     from strategyjob.collective import process_group
 
     group = process_group.current_group()
     if group is not None and group.world_size > 1:
-        return _Role(group.rank == 0, group.any)
-    return _Role(True, _single)
+        return Role(group.rank == 0, group.any)
+    return Role(True, _single)
+
+
+def write_to(checkpoint: Checkpoint, path: str, after: Callable[[], None] | None = None) -> str:
+    """Write ``checkpoint`` to exactly ``path`` (on every worker; the chief writes), running
+    ``after`` on the chief once the file is in place and before the workers agree on whether it
+    succeeded: how a ``CheckpointManager`` records and sweeps its directory with each save."""
+    return checkpoint._write(path, after)
 
 
 def _leaves(checkpoint: Checkpoint) -> Iterator[Any]:
@@ -117,7 +124,7 @@ def _leaves(checkpoint: Checkpoint) -> Iterator[Any]:
 
 def _is_variable(obj: Any) -> bool:
     return hasattr(obj, "assign") and (
-        hasattr(obj, "_checkpoint_value") or hasattr(obj, "read_value")
+        _variables.checkpoint_reader(obj) is not None or hasattr(obj, "read_value")
     )
 
 
@@ -209,7 +216,7 @@ def _capture(obj: Any, extended: Any = None) -> tuple[str, Any]:
             state["state"] = owner.optimizer_slots(obj)
         return kind, _whole(state)
     if kind == "variable":
-        read = getattr(obj, "_checkpoint_value", None) or obj.read_value
+        read = _variables.checkpoint_reader(obj) or obj.read_value
         return kind, torch.as_tensor(read()).detach()
     if kind == "tensor":
         return kind, _whole(obj.detach())
@@ -467,7 +474,7 @@ class Checkpoint:
                 f"Checkpoint cannot be written from a replica context (inside `strategy.run`): "
                 f"every replica would write {path}. Save after `strategy.run` returns."
             )
-        role = _role(self)
+        who = role(self)
         payload = {  # read on every worker: some reads are collectives
             "format": _FORMAT,
             "version": _VERSION,
@@ -475,7 +482,7 @@ class Checkpoint:
             "objects": self._capture_objects(self._extended()),
         }
         failure: BaseException | None = None
-        if role.is_chief:
+        if who.is_chief:
             try:
                 _storage.atomic_write(path, lambda f: torch.save(payload, f))
                 if after is not None:
@@ -483,7 +490,7 @@ class Checkpoint:
             except Exception as e:  # told to the other workers before it is raised
                 failure = e
         try:
-            failed_somewhere = role.agree(failure is not None)
+            failed_somewhere = who.agree(failure is not None)
         except errors.DeadlineExceededError as e:
             raise errors.DeadlineExceededError(
                 f"{e.message} Saving {path} waits for every worker: call save/write on all "

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from strategyjob.train import _storage
-from strategyjob.train.checkpoint import Checkpoint, _role
+from strategyjob.train.checkpoint import Checkpoint, role, write_to
 
 __all__ = ["CheckpointManager"]
 
@@ -185,9 +185,10 @@ class CheckpointManager:
                     return None
             self._last_checkpoint_step = step
 
-        self._checkpoint._save_counter += 1
+        save_counter = self._checkpoint.save_counter
+        save_counter.add_(1)  # in place: the checkpoint's own counter, saved with it
         if checkpoint_number is None:
-            checkpoint_number = self._checkpoint._save_counter
+            checkpoint_number = save_counter
         path = f"{self._prefix}-{_evaluate(checkpoint_number)}"
 
         # the same bookkeeping on every worker; only the chief's is written down
@@ -212,11 +213,11 @@ class CheckpointManager:
             self._delete(doomed)
 
         try:
-            self._checkpoint._write(path, after=record_and_sweep)
+            write_to(self._checkpoint, path, after=record_and_sweep)
         except BaseException:
             self._maybe_delete, self._latest_checkpoint, self._last_preserved_timestamp = previous
             raise
-        if not _role(self._checkpoint).is_chief:
+        if not role(self._checkpoint).is_chief:
             self._sweep()
         return path
 
@@ -226,9 +227,9 @@ class CheckpointManager:
         return None. Under several workers, all of them must see the same latest checkpoint
         (a shared directory), else this raises instead of letting them diverge."""
         found = self._latest_checkpoint is not None
-        role = _role(self._checkpoint)
-        some = role.agree(found)
-        every = not role.agree(not found)
+        who = role(self._checkpoint)
+        some = who.agree(found)
+        every = not who.agree(not found)
         if some and not every:
             raise RuntimeError(
                 f"Only some workers see a checkpoint in {self._directory} (this one: "

@@ -113,20 +113,43 @@ class TerminationConfig:
 
 
 class _RunCounter:
-    """``total_run_calls`` as checkpoint state: every save of the checkpoint (the handler's,
-    or the user's own periodic ones) records the current count, and restoring sets it."""
+    """``total_run_calls`` as checkpoint state: the handler counts here, so every save of the
+    checkpoint (the handler's, or the user's own periodic ones) records the current count, and
+    restoring sets it."""
 
-    def __init__(self, handler: PreemptionCheckpointHandler) -> None:
-        self._handler = handler
+    def __init__(self) -> None:
+        self.count = 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"runs": int(self._handler._run_counter)}
+        return {"runs": int(self.count)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._handler._run_counter = int(state["runs"])
+        self.count = int(state["runs"])
 
 
-def _agreement(checkpoint: Checkpoint) -> Callable[[bool], Callable[[], bool]]:
+class _Agreement:
+    """The agreement started at one ``run`` call and collected at the next, so it is in flight
+    during a whole step."""
+
+    def __init__(self, start: Callable[[bool], Callable[[], bool]]) -> None:
+        self._start = start
+        self._pending: Callable[[], bool] | None = None
+
+    def collect(self) -> bool:
+        """The answer of the agreement started at the previous call (False at the first)."""
+        pending, self._pending = self._pending, None
+        return pending is not None and pending()
+
+    def start(self, flag: bool) -> None:
+        """Start agreeing on ``flag`` (True on any worker); collected at the next call."""
+        self._pending = self._start(flag)
+
+    def forget(self) -> None:
+        """Let go of the agreement in flight (at exit, where nobody will collect it)."""
+        self._pending = None
+
+
+def _agreement_starter(checkpoint: Checkpoint) -> Callable[[bool], Callable[[], bool]]:
     """``start(flag)`` -> ``answer()``: True when ``flag`` was true on any worker. The strategy
     in scope, else the checkpoint's (as ``Checkpoint`` finds it), else the process's collective
     group, else this process alone."""
@@ -211,19 +234,18 @@ class PreemptionCheckpointHandler:
         self._worker = _worker_name(cluster_resolver)
 
         checkpoint = manager.checkpoint
-        existing = checkpoint._objects.get(_ITERATION_NAME)
+        existing = getattr(checkpoint, _ITERATION_NAME, None)  # a tracked object, or None
         if existing is not None and not isinstance(existing, _RunCounter):
             raise ValueError(
                 f"The checkpoint already tracks an object named {_ITERATION_NAME!r}, which "
                 "PreemptionCheckpointHandler uses for total_run_calls. Rename that object."
             )
-        self._run_counter = 0
-        setattr(checkpoint, _ITERATION_NAME, _RunCounter(self))
-        self._start_agreement = _agreement(checkpoint)
-        self._pending: Callable[[], bool] | None = None
+        self._runs = _RunCounter()
+        setattr(checkpoint, _ITERATION_NAME, self._runs)
+        self._agreement = _Agreement(_agreement_starter(checkpoint))
         # the last call's agreement is never collected: let go of it at exit, or the
         # collective group's exit drain would wait its whole timeout for that work
-        atexit.register(_forget_pending, weakref.ref(self))
+        atexit.register(_forget_pending, weakref.ref(self._agreement))
         self._countdown = False  # saved once; training on through the grace period
         self._estimated_run_time = 0.0
         self._checkpoint_time = 0.0
@@ -235,7 +257,7 @@ class PreemptionCheckpointHandler:
             _log.info(
                 "PreemptionCheckpointHandler restored %s; total_run_calls=%d",
                 restored,
-                self._run_counter,
+                self._runs.count,
             )
 
         self._stop_watching = threading.Event()
@@ -289,7 +311,7 @@ class PreemptionCheckpointHandler:
     def total_run_calls(self) -> int:
         """How many times ``run`` (or ``save_checkpoint_if_preempted``) was called, counting
         the calls before the restart that the restored checkpoint covers."""
-        return self._run_counter
+        return self._runs.count
 
     def run(self, distributed_train_function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``distributed_train_function(*args, **kwargs)`` (one step, containing
@@ -297,16 +319,16 @@ class PreemptionCheckpointHandler:
         self._check_preemption_and_maybe_checkpoint()
         begin = time.monotonic()
         result = distributed_train_function(*args, **kwargs)
-        self._run_counter += 1
+        self._runs.count += 1
         elapsed = time.monotonic() - begin
-        self._estimated_run_time += (elapsed - self._estimated_run_time) / self._run_counter
+        self._estimated_run_time += (elapsed - self._estimated_run_time) / self._runs.count
         return result
 
     def save_checkpoint_if_preempted(self, *args: Any, **kwargs: Any) -> None:
         """Save (``CheckpointManager.save(*args, **kwargs)``, or ``save_fn``) and exit if any
         worker was told to stop; call it once per step on every worker, instead of ``run``."""
         self._check_preemption_and_maybe_checkpoint(*args, **kwargs)
-        self._run_counter += 1
+        self._runs.count += 1
         self._estimated_run_time = 0.0
 
     @contextlib.contextmanager
@@ -325,8 +347,7 @@ class PreemptionCheckpointHandler:
 
     # -- agreeing, saving, exiting ------------------------------------------------------------
     def _check_preemption_and_maybe_checkpoint(self, *args: Any, **kwargs: Any) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None and pending():
+        if self._agreement.collect():
             self._save_checkpoint(*args, **kwargs)
             if self._grace_period <= 0 or self._countdown:
                 self._exit()
@@ -337,7 +358,7 @@ class PreemptionCheckpointHandler:
                     self._grace_period,
                 )
                 self._countdown = True
-        self._pending = self._start_agreement(self._flag())
+        self._agreement.start(self._flag())
 
     def _save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         who = "this worker" if self._signalled.is_set() else "a peer"
@@ -345,7 +366,7 @@ class PreemptionCheckpointHandler:
             "%s: termination notice received (%s); saving a checkpoint after %d run calls.",
             self._worker,
             who,
-            self._run_counter,
+            self._runs.count,
         )
         begin = time.monotonic()
         path: str | None
@@ -374,10 +395,10 @@ class PreemptionCheckpointHandler:
             self._start_watcher(self._watcher_fn)
 
 
-def _forget_pending(handler_ref: weakref.ref[PreemptionCheckpointHandler]) -> None:
-    handler = handler_ref()
-    if handler is not None:
-        handler._pending = None
+def _forget_pending(agreement_ref: weakref.ref[_Agreement]) -> None:
+    agreement = agreement_ref()
+    if agreement is not None:
+        agreement.forget()
 
 
 def _has_ps(resolver: Any) -> bool:

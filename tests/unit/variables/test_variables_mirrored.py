@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import strategyjob
 import torch
-from strategyjob import _variables
+from strategyjob import _values, _variables
 from strategyjob._variables import (
     IndexedSlices,
     MirroredVariable,
@@ -255,7 +255,8 @@ def test_gradients_flow_to_the_local_component(mirrored):
 def test_checkpoint_value_is_the_cross_replica_value(mirrored):
     v = make(mirrored, 2.0)
     assert float(v._checkpoint_value().detach()) == 2.0
-    assert _variables.MirroredVariable._is_distributed_variable
+    assert _variables.checkpoint_reader(v) is not None
+    assert _values.is_distributed_variable(v)
 
 
 def test_one_device_strategy_gives_a_plain_variable_on_its_device():
