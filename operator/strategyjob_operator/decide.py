@@ -410,7 +410,6 @@ def _start_ahead(p: _Pass, before: int, wanted: int) -> bool:
         # every pod is the running group's: its attempt is the current one; the new pods
         # are the next attempt's (counted as this re-forming)
         st["resizes"] = as_count(st.get("resizes", 0)) + 1
-        attempt += 1
     there = [r for k in ahead if (r := p.replicas.get(k)) is not None and not r.terminating]
     if len(there) == len(ahead) and all(r.phase == "Running" for r in there):
         return True

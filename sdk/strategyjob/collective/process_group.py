@@ -59,7 +59,7 @@ ENV_RENDEZVOUS_TIMEOUT = _names.ENV_RENDEZVOUS_TIMEOUT
 _POLL_SECONDS = 1.0
 #: Interval of the rendezvous' polls, which is how soon Ctrl-C (SIGINT) stops it.
 _RENDEZVOUS_POLL_SECONDS = 0.1
-#: How often a task started ahead of a re-forming looks whether the earlier run's leader is gone.
+#: How often a task started ahead of a re-forming looks whether the earlier attempt's leader left.
 _LEADER_OF_EARLIER_RUN_POLL_SECONDS = 0.5
 #: A peer whose liveness listener does not answer for this long (its process frozen, its node
 #: or pod gone: connections time out or find no route) counts as down, as a refused connection
@@ -76,8 +76,8 @@ _PROBE_TIMEOUT_SECONDS = 2.0
 _KEY_PREFIX = "strategyjob/"
 #: The attempt (``STRATEGYJOB_RESTART_ATTEMPT``) of the leader that serves a rendezvous store. A
 #: task of a later attempt (started ahead of a re-forming at a new size, while the group it will
-#: replace still trains) never joins the earlier run's store: it waits until that leader is
-#: gone and its own run's leader serves.
+#: replace still trains) never joins the earlier attempt's store: it waits until that leader is
+#: gone and its own attempt's leader serves.
 _ATTEMPT_KEY = f"{_KEY_PREFIX}attempt"
 #: Store keys of a stuck-peer verdict: the first worker to reach one publishes it, the other
 #: waiting workers raise the same one (acknowledging it) rather than find the publisher
@@ -226,6 +226,10 @@ def _leader_attempt(store: dist.Store) -> int | None:
         return int(store.get(_ATTEMPT_KEY).decode())
     except ValueError:
         return None
+
+
+class _LeftOverTask(RuntimeError):
+    """This process belongs to an earlier attempt of the job than its collective leader."""
 
 
 def _say(line: str) -> None:
@@ -470,6 +474,8 @@ class CollectiveGroup:
             try:
                 store = self._join_store(seconds, reporter)
                 store.set_timeout(timeout)
+            except _LeftOverTask:
+                raise  # says it all
             except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError
                 if m.rank == 0 and "EADDRINUSE" in str(e):
                     raise RuntimeError(
@@ -535,7 +541,7 @@ class CollectiveGroup:
                 return store
             del store  # disconnects
             if theirs > attempt:
-                raise RuntimeError(
+                raise _LeftOverTask(
                     f"{m.task_name(m.rank)} belongs to attempt {attempt} of this job "
                     f"({_names.ENV_RESTART_ATTEMPT}), but its collective leader {m.task_name(0)} "
                     f"at {m.master_addr}:{m.master_port} to attempt {theirs}: this process is "
