@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.util import tensor_util
 
 from tests.launcher.test_launcher_run import cli_env, run_cli, write_job
+from tests.support.processes import default_interrupts
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -86,18 +87,20 @@ def test_the_run_names_its_logdir_and_strategyjob_tensorboard_serves_it(tmp_path
     )
     port = free_port()
     serve = ["--port", str(port), "--host", "127.0.0.1"]
-    served = subprocess.Popen(
-        [sys.executable, "-m", "strategyjob", "tensorboard", "--logdir", str(logdir), *serve],
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    log = tmp_path / "served.log"  # a file, not a pipe that nobody reads until the end
+    with log.open("w") as out:
+        served = subprocess.Popen(
+            [sys.executable, "-m", "strategyjob", "tensorboard", "--logdir", str(logdir), *serve],
+            env=cli_env() | {"PYTHONFAULTHANDLER": "1"},  # SIGABRT dumps every thread
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=default_interrupts,  # Ctrl-C works even where this run ignores SIGINT
+        )
     try:
         deadline, tags = time.monotonic() + 60, None
         while tags is None:
-            assert served.poll() is None, served.stdout.read()
+            assert served.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "TensorBoard did not answer within 60 s"
             try:
                 url = f"http://127.0.0.1:{port}/data/plugin/scalars/tags"
@@ -110,8 +113,13 @@ def test_the_run_names_its_logdir_and_strategyjob_tensorboard_serves_it(tmp_path
             "validation": ["loss"],
         }
         served.send_signal(signal.SIGINT)
-        assert served.wait(30) == 0
-        said = served.stdout.read()
+        try:
+            assert served.wait(30) == 0, log.read_text()
+        except subprocess.TimeoutExpired:
+            served.send_signal(signal.SIGABRT)  # where it hangs, for the failure's message
+            served.wait(10)
+            raise AssertionError(f"still running 30 s after SIGINT:\n{log.read_text()}") from None
+        said = log.read_text()
         assert f"TensorBoard over {logdir} at http://127.0.0.1:{port}/" in said
     finally:
         if served.poll() is None:
