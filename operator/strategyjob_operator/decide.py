@@ -97,7 +97,13 @@ from strategyjob_operator.replica_status import (
     replica_counts,
     restart_attempt,
 )
-from strategyjob_operator.stalls import STUCK_NAMED, report_stalled, stuck_cause
+from strategyjob_operator.stalls import (
+    STUCK_NAMED,
+    cannot_start,
+    first_names,
+    report_stalled,
+    stuck_cause,
+)
 
 #: What the reconciler, the handlers and the tests import from here.
 __all__ = [
@@ -415,28 +421,20 @@ def _start_ahead(p: _Pass, before: int, wanted: int) -> bool:
         return True
     p.ahead, p.joining = True, p.joining | frozenset(ahead)
     p.ahead_missing = tuple(k for k in ahead if k not in p.replicas)
-    names = [job.pod_name(t, i) for t, i in ahead if not any(r.key == (t, i) for r in there)]
-    names += [r.name for r in there if r.phase != "Running"]
-    shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    running = {r.key for r in there if r.phase == "Running"}
+    waiting = [job.pod_name(t, i) for t, i in ahead if (t, i) not in running]
     msg = (
         f"StrategyJob {job.name} re-forms with {wanted} workers (it ran {before}): its new pods "
         f"start first, and it trains on with {before} workers until they run; waiting for "
-        f"{shown}."
+        f"{first_names(waiting)}."
     )
-    stuck = sorted((r for r in there if r.stuck_reason), key=lambda r: r.name)
+    stuck = [r for r in there if r.stuck_reason]
     if not stuck:
         if not cond.is_true(draft.conditions, c.RESIZING):
             draft.event("Normal", c.REASON_RESIZING, msg)
         draft.set(c.RESIZING, True, c.REASON_RESIZING, msg)
         return False
-    more = f" ({len(stuck) - 1} more cannot start either)" if len(stuck) > 1 else ""
-    draft.set(
-        c.RESIZING,
-        True,
-        c.REASON_RESIZE_STALLED,
-        f"{msg} Pod {stuck[0].name} cannot start: {stuck_cause(stuck[0]).rstrip('.')}{more}; "
-        f"the job runs on with {before} workers meanwhile.",
-    )
+    draft.set(c.RESIZING, True, c.REASON_RESIZE_STALLED, msg + cannot_start(stuck, before))
     return False
 
 

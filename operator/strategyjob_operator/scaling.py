@@ -28,7 +28,7 @@ from strategyjob import jobspec
 from strategyjob_operator import constants as c
 from strategyjob_operator.observe import Replica
 from strategyjob_operator.replica_status import format_indexes, parse_indexes
-from strategyjob_operator.stalls import stuck_cause
+from strategyjob_operator.stalls import cannot_start, first_names
 
 #: Where the chief of a resizable job finds the workers it follows, and the ConfigMap's keys:
 #: the file (TF_CONFIG's ``cluster``, workers as ``{index: address}``), the workers in it, and
@@ -234,26 +234,19 @@ def resize_condition(
     if members.workers == wanted:
         return False, c.REASON_RESIZED, f"StrategyJob {job.name} runs {len(wanted)} workers."
     waiting = [job.pod_name("worker", i) for i in wanted if i not in members.workers]
-    shown = ", ".join(waiting[:3]) + (f" and {len(waiting) - 3} more" if len(waiting) > 3 else "")
     message = (
         f"StrategyJob {job.name}: resizing to {len(wanted)} workers; the chief follows "
-        f"{len(members.workers)}, waiting for {shown} to be Ready."
+        f"{len(members.workers)}, waiting for {first_names(waiting)} to be Ready."
     )
     blocked = [
-        (r.name, stuck_cause(r))
+        r
         for k in sorted(joining(job, members))
         if (r := (replicas or {}).get(k)) is not None and r.stuck_reason
     ]
     if not blocked:
         return True, c.REASON_RESIZING, message
-    name, cause = blocked[0]
-    more = f" ({len(blocked) - 1} more cannot start either)" if len(blocked) > 1 else ""
-    return (
-        True,
-        c.REASON_RESIZE_STALLED,
-        f"{message} Pod {name} cannot start: {cause.rstrip('.')}{more}; the job runs on with "
-        f"{len(members.workers)} workers meanwhile.",
-    )
+    stalled = message + cannot_start(blocked, len(members.workers))
+    return True, c.REASON_RESIZE_STALLED, stalled
 
 
 def resized_message(job: jobspec.StrategyJob, before: Sequence[int], after: Sequence[int]) -> str:

@@ -3,6 +3,8 @@ named in the Stalled condition, with one Warning Event per cause that says what 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from strategyjob_operator import constants as c
 from strategyjob_operator.draft import Draft
 from strategyjob_operator.observe import Replica
@@ -56,6 +58,22 @@ def stuck_cause(r: Replica) -> str:
     """``Reason: detail`` of a stuck pod."""
     detail = _detail(r)
     return f"{r.stuck_reason}: {detail}" if detail else str(r.stuck_reason)
+
+
+def first_names(names: Sequence[str], shown: int = 3) -> str:
+    """``a, b, c and 2 more``: the names a message quotes, the first ``shown`` of them."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def cannot_start(stuck: Sequence[Replica], workers: int) -> str:
+    """What a resize's ``ResizeStalled`` message adds: the first new pod that cannot start and
+    why, and that the job runs on at its old size, ``workers``."""
+    more = f" ({len(stuck) - 1} more cannot start either)" if len(stuck) > 1 else ""
+    return (
+        f" Pod {stuck[0].name} cannot start: {stuck_cause(stuck[0]).rstrip('.')}{more}; the job "
+        f"runs on with {workers} workers meanwhile."
+    )
 
 
 def _stuck_line(r: Replica) -> str:
