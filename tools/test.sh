@@ -9,6 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip install -q --disable-pip-version-check -e ".[all]"
+# tests/docs opens the documentation site in a real headless browser: Chromium from Debian
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  echo "== Chromium and its chromedriver from Debian (tests/docs)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null; }
+fi
 
 echo "== lint: ruff check, ruff format --check, import contracts, types (pyproject.toml)"
 python3 -m ruff check --quiet .

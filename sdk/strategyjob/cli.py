@@ -35,12 +35,34 @@ def seconds(text: str) -> float:
     return value
 
 
+#: The documentation page of each command (the repository's ``docs/``; ``mkdocs serve`` shows
+#: them as a site), named at the end of its ``--help``.
+DOCS = {
+    "strategyjob": "docs/index.md",
+    "run": "docs/getting-started.md",
+    "convert": "docs/kubernetes/migrating-from-tfjob.md",
+    "submit": "docs/kubernetes/client.md",
+    "list": "docs/kubernetes/client.md",
+    "status": "docs/kubernetes/client.md",
+    "logs": "docs/kubernetes/client.md",
+    "scale": "docs/kubernetes/elastic.md",
+    "metrics": "docs/kubernetes/progress-and-security.md",
+    "tensorboard": "docs/guide/summaries.md",
+    "delete": "docs/kubernetes/client.md",
+}
+
+
+def docs_epilog(command: str) -> str:
+    return f"Documentation: {DOCS[command]} (in the repository; mkdocs serve shows the site)."
+
+
 def build_parser() -> argparse.ArgumentParser:
     from strategyjob.jobspec import STRATEGIES
 
     parser = argparse.ArgumentParser(
         prog="strategyjob",
         description="Run tf.distribute-style training jobs on PyTorch, locally or on Kubernetes.",
+        epilog=docs_epilog("strategyjob"),
     )
     parser.add_argument("--version", action="version", version=f"strategyjob {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -112,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.set_defaults(handler=_convert)
     _add_cluster_commands(commands)
+    for name, command in commands.choices.items():
+        command.epilog = docs_epilog(name)
     return parser
 
 
@@ -181,11 +205,13 @@ def _add_cluster_commands(commands: Any) -> None:
     scale = commands.add_parser(
         "scale",
         parents=[common],
-        help="resize a running ParameterServerStrategy job's workers",
+        help="resize a running job's workers",
         description=(
             "Ask for N workers, as kubectl scale sjob/NAME --replicas=N does: the workers of a "
-            "ParameterServerStrategy job join and leave while it trains, with no restart "
-            "(bounded by the worker spec's minReplicas and maxReplicas). With --local, the job "
+            "ParameterServerStrategy job join and leave while it trains, with no restart; a "
+            "MultiWorkerMirroredStrategy or TPUStrategy job is re-formed at the new size from "
+            "its checkpoint (bounded by the worker spec's minReplicas and maxReplicas). With "
+            "--local, the job "
             "strategyjob run runs on this machine: new worker processes start, removed ones "
             "stop, and the line the launcher says is printed."
         ),

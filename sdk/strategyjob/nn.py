@@ -3,9 +3,9 @@
 TensorFlow **sums** gradients across replicas, so its helpers scale each replica's loss down:
 ``compute_average_loss`` divides by the global batch size, ``scale_regularization_loss`` by the
 number of replicas. StrategyJob **averages** gradients across replicas (DDP's convention; see
-docs/architecture.md, "Gradient convention"), so both return TensorFlow's value multiplied by
-``num_replicas_in_sync``. Averaged over the replicas, the gradients then equal the sums
-TensorFlow applies, exactly, for partial and empty batches and sample weights too: a
+docs/contributing/architecture.md, "Gradient convention"), so both return TensorFlow's value
+multiplied by ``num_replicas_in_sync``. Averaged over the replicas, the gradients then equal the
+sums TensorFlow applies, exactly, for partial and empty batches and sample weights too: a
 ``train_step`` ported line for line updates the model as it does in TensorFlow. Outside a
 strategy (one replica) the values are TensorFlow's.
 """

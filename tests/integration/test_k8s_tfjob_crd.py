@@ -281,9 +281,9 @@ def test_queue_is_immutable_and_replicas_may_change(kube):
 
 @pytest.mark.timeout(60)
 def test_the_migration_guides_worked_example_is_kubeflows_and_its_strategyjob_is_accepted(kube):
-    """docs/migrating-from-tfjob.md: its TFJob is Kubeflow's simple.yaml as the tests hold it,
-    and the StrategyJob it becomes passes the StrategyJob CRD's validation, strictly."""
-    guide = (REPO_ROOT / "docs" / "migrating-from-tfjob.md").read_text()
+    """docs/kubernetes/migrating-from-tfjob.md: its TFJob is Kubeflow's simple.yaml as the tests
+    hold it, and the StrategyJob it becomes passes the StrategyJob CRD's validation, strictly."""
+    guide = (REPO_ROOT / "docs" / "kubernetes" / "migrating-from-tfjob.md").read_text()
     blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", guide, re.S)]
     tfjob_doc, strategyjob_doc = blocks
     assert tfjob_doc == kubeflow_tfjobs.load("example-simple", "kubeflow")

@@ -1,7 +1,7 @@
 """The fault matrix of the one-process strategies (MirroredStrategy, CentralStorageStrategy):
 their replicas are threads of one process, so "a peer's fault" is an exception in one replica
 thread, and Ctrl-C lands in the main thread while replica threads compute. Either ends the
-process promptly, its error naming the replica (docs/faults.md)."""
+process promptly, its error naming the replica (docs/guide/faults.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The fault matrix of ParameterServerStrategy under `strategyjob run`: real processes (a chief
 coordinating, `strategyjob.server` workers and ps over gRPC), faults sent from outside (SIGSTOP,
 SIGKILL) mid-training. Each test asserts the bound, who is named, and that no replica is left
-(docs/faults.md)."""
+(docs/guide/faults.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 of two logical devices: DTensor transfers between them; or two replicas of one: gradient
 all-reduces), worker 1 frozen, killed or never joining. TPUStrategy joins the cluster through
 MultiWorkerMirroredStrategy's collective group; these tests show that its faults end as MWMS's
-do, naming task 1 (docs/faults.md)."""
+do, naming task 1 (docs/guide/faults.md)."""
 
 from __future__ import annotations
 

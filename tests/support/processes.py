@@ -65,12 +65,15 @@ class Outcome(NamedTuple):
     timed_out: bool
 
 
-def run_in_session(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> Outcome:
-    """Run ``argv`` in a session of its own, stdout and stderr together; past ``timeout``
-    the session is killed whole (its forked workers too) and ``timed_out`` is set."""
+def run_in_session(
+    argv: Sequence[str], env: Mapping[str, str], timeout: float, cwd: Path | None = None
+) -> Outcome:
+    """Run ``argv`` (in ``cwd``) in a session of its own, stdout and stderr together; past
+    ``timeout`` the session is killed whole (its forked workers too) and ``timed_out`` is set."""
     proc = subprocess.Popen(
         list(argv),
         env=dict(env),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,4 +1,5 @@
-"""docs/architecture.md's table of the SDK's layers says what the import contract enforces.
+"""docs/contributing/architecture.md's table of the SDK's layers says what the import contract
+enforces.
 
 The "SDK layers" contract of pyproject.toml (``lint-imports``) is the source of truth; the
 document lists the same layers bottom-up. Every module the contract names must be in the table,
@@ -26,7 +27,7 @@ def contract_layers() -> list[list[str]]:
 
 def table_rows() -> list[str]:
     """The module cells of the document's layer table, bottom layer first."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
+    text = (ROOT / "docs" / "contributing" / "architecture.md").read_text()
     section = text.split("## SDK layers", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| ")][1:]  # no header
     return [row.split("|")[2] for row in rows]
@@ -43,12 +44,12 @@ def test_the_document_lists_the_contracts_layers_in_its_order() -> None:
     for layer in reversed(contract_layers()):  # bottom first, as the table
         found = {module: row_of(module, rows) for module in layer}
         missing = [module for module, row in found.items() if row is None]
-        assert not missing, f"docs/architecture.md's layer table does not list {missing}"
+        assert not missing, f"docs/contributing/architecture.md's layer table lacks {missing}"
         placed = [row for row in found.values() if row is not None]
         spans.append((min(placed), max(placed), layer))
     for (_, highest, below), (lowest, _, above) in itertools.pairwise(spans):
         assert highest <= lowest, (
-            f"docs/architecture.md lists {below} in a row above {above}, "
+            f"docs/contributing/architecture.md lists {below} in a row above {above}, "
             "which the import contract puts over them"
         )
 

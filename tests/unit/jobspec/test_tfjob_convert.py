@@ -281,7 +281,8 @@ def test_cli_bad_input_exits_2_naming_the_problem(tmp_path, capsys, document, er
 
 
 def test_the_migration_guides_worked_example_is_what_convert_prints() -> None:
-    guide = (Path(__file__).resolve().parents[3] / "docs" / "migrating-from-tfjob.md").read_text()
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    guide = (docs / "kubernetes" / "migrating-from-tfjob.md").read_text()
     tfjob_doc, strategyjob_doc = (
         yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", guide, re.S)
     )
