@@ -62,6 +62,10 @@ ENV_PROGRESS_INTERVAL = "STRATEGYJOB_PROGRESS_INTERVAL"
 ENV_KUBE_API = "STRATEGYJOB_KUBE_API"
 ENV_SERVICEACCOUNT_DIR = "STRATEGYJOB_SERVICEACCOUNT_DIR"
 
+#: The documentation page of every fault, its bound and its setting, named by the messages
+#: that tell a user to change one (``strategyjob.cli.DOCS`` names the others).
+DOCS_FAULTS = "docs/guide/faults.md"
+
 # -- tuning a replica reads (set by the user in the pod template) -------------------------------
 ENV_RENDEZVOUS_TIMEOUT = "STRATEGYJOB_RENDEZVOUS_TIMEOUT"
 #: Seconds between two "waiting for <task>" lines of a worker waiting for its peers.

@@ -72,3 +72,10 @@ def test_every_commands_help_names_its_documentation_page() -> None:
         last = shown.stdout.strip().splitlines()[-1]
         assert last.startswith(f"Documentation: {DOCS[command]} "), (command, last)
         assert (ROOT / DOCS[command]).is_file(), DOCS[command]
+
+
+def test_the_page_that_fault_messages_name_exists() -> None:
+    from strategyjob import _names
+
+    assert (ROOT / _names.DOCS_FAULTS).is_file()
+    assert "STRATEGYJOB_STUCK_PEER_SECONDS" in (ROOT / _names.DOCS_FAULTS).read_text()

@@ -108,5 +108,5 @@ def verdict(
         "alive but not in it is stuck or running different code (all workers must issue the "
         "same collectives in the same order). If it was busy (evaluating, writing a "
         f"checkpoint), raise {ENV_STUCK_PEER_SECONDS}, set it to 'off', or set "
-        "CommunicationOptions(timeout_seconds=...)."
+        f"CommunicationOptions(timeout_seconds=...) ({_names.DOCS_FAULTS})."
     )

@@ -60,7 +60,7 @@ def test_verdict_names_the_peer_the_bound_and_how_to_raise_it() -> None:
     )
     assert message.endswith(
         "raise STRATEGYJOB_STUCK_PEER_SECONDS, set it to 'off', or set "
-        "CommunicationOptions(timeout_seconds=...)."
+        "CommunicationOptions(timeout_seconds=...) (docs/guide/faults.md)."
     )
 
 
