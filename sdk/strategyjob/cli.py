@@ -68,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
+    _add_run_command(commands)
+    _add_convert_command(commands, STRATEGIES)
+    _add_cluster_commands(commands)
+    for name, command in commands.choices.items():
+        command.epilog = docs_epilog(name)
+    return parser
+
+
+def _add_run_command(commands: Any) -> None:
+    """run: the local launcher and its options."""
     run = commands.add_parser(
         "run",
         help="run a StrategyJob (or Kubeflow TFJob) manifest locally, one process per replica",
@@ -114,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=_run)
 
+
+def _add_convert_command(commands: Any, strategies: Sequence[str]) -> None:
+    """convert: a TFJob manifest to the StrategyJob it becomes."""
     convert = commands.add_parser(
         "convert",
         help="print the StrategyJob equivalent of a Kubeflow TFJob manifest",
@@ -127,19 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("manifest", metavar="FILE", help="the TFJob manifest (YAML; - is stdin)")
     convert.add_argument(
-        "--strategy", choices=STRATEGIES, metavar="NAME", help="the strategy (default: inferred)"
+        "--strategy", choices=strategies, metavar="NAME", help="the strategy (default: inferred)"
     )
     convert.add_argument(
         "-o", "--output", metavar="FILE", help="write the StrategyJob here (default: stdout)"
     )
     convert.set_defaults(handler=_convert)
-    _add_cluster_commands(commands)
-    for name, command in commands.choices.items():
-        command.epilog = docs_epilog(name)
-    return parser
 
 
 def _add_cluster_commands(commands: Any) -> None:
+    """The commands that talk to a cluster, each with the kubeconfig options."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-n", "--namespace", help="the namespace (default: the kubeconfig context's)"
@@ -149,6 +159,18 @@ def _add_cluster_commands(commands: Any) -> None:
     )
     common.add_argument("--context", help="the kubeconfig context (default: the current one)")
 
+    _add_job_commands(commands, common)
+    _add_training_commands(commands, common)
+
+    delete = commands.add_parser(
+        "delete", parents=[common], help="delete a StrategyJob (its pods go with it)"
+    )
+    delete.add_argument("name", metavar="NAME")
+    delete.set_defaults(handler=_delete)
+
+
+def _add_job_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """submit, list, status and logs: a job's life on the cluster."""
     submit = commands.add_parser(
         "submit",
         parents=[common],
@@ -202,6 +224,9 @@ def _add_cluster_commands(commands: Any) -> None:
     )
     logs.set_defaults(handler=_logs)
 
+
+def _add_training_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """scale, metrics and tensorboard: what a running job does and reports."""
     scale = commands.add_parser(
         "scale",
         parents=[common],
@@ -245,52 +270,7 @@ def _add_cluster_commands(commands: Any) -> None:
     )
     metrics.set_defaults(handler=_metrics)
 
-    tensorboard = commands.add_parser(
-        "tensorboard",
-        parents=[common],
-        help="serve TensorBoard over a job's summaries",
-        description=(
-            "Serve TensorBoard over the summaries a job writes with strategyjob.summary: a "
-            "cluster job's (NAME: its leader's logdir, which its reports name, copied out of "
-            "its pod into --copy-to and copied again every --every seconds while TensorBoard "
-            "serves; the copy stays once the pods are gone), or a local directory (--logdir "
-            "alone; strategyjob run prints its job's at the end). Needs TensorBoard: "
-            "pip install 'strategyjob[tensorboard]'."
-        ),
-    )
-    tensorboard.add_argument("name", metavar="NAME", nargs="?", help="a job on the cluster")
-    tensorboard.add_argument(
-        "--logdir",
-        help="with NAME: the directory inside the leader's pod (default: the one it reported); "
-        "without: a local directory",
-    )
-    tensorboard.add_argument(
-        "--copy-to",
-        metavar="DIR",
-        help="where a cluster job's summaries are copied (default: "
-        "~/.cache/strategyjob/summaries/NAMESPACE/NAME)",
-    )
-    tensorboard.add_argument(
-        "--copy-only", action="store_true", help="copy a cluster job's summaries, serve nothing"
-    )
-    tensorboard.add_argument("--port", type=int, default=6006, help="TensorBoard's port (6006)")
-    tensorboard.add_argument(
-        "--host", default="localhost", help="the address TensorBoard listens on (localhost)"
-    )
-    tensorboard.add_argument(
-        "--every",
-        type=seconds,
-        default=30.0,
-        metavar="SECONDS",
-        help="seconds between two copies while serving (30)",
-    )
-    tensorboard.set_defaults(handler=_tensorboard)
-
-    delete = commands.add_parser(
-        "delete", parents=[common], help="delete a StrategyJob (its pods go with it)"
-    )
-    delete.add_argument("name", metavar="NAME")
-    delete.set_defaults(handler=_delete)
+    _add_tensorboard_command(commands, common)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -596,3 +576,47 @@ def _one_line(text: str) -> str:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _add_tensorboard_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """tensorboard: its serving and copying options."""
+    tensorboard = commands.add_parser(
+        "tensorboard",
+        parents=[common],
+        help="serve TensorBoard over a job's summaries",
+        description=(
+            "Serve TensorBoard over the summaries a job writes with strategyjob.summary: a "
+            "cluster job's (NAME: its leader's logdir, which its reports name, copied out of "
+            "its pod into --copy-to and copied again every --every seconds while TensorBoard "
+            "serves; the copy stays once the pods are gone), or a local directory (--logdir "
+            "alone; strategyjob run prints its job's at the end). Needs TensorBoard: "
+            "pip install 'strategyjob[tensorboard]'."
+        ),
+    )
+    tensorboard.add_argument("name", metavar="NAME", nargs="?", help="a job on the cluster")
+    tensorboard.add_argument(
+        "--logdir",
+        help="with NAME: the directory inside the leader's pod (default: the one it reported); "
+        "without: a local directory",
+    )
+    tensorboard.add_argument(
+        "--copy-to",
+        metavar="DIR",
+        help="where a cluster job's summaries are copied (default: "
+        "~/.cache/strategyjob/summaries/NAMESPACE/NAME)",
+    )
+    tensorboard.add_argument(
+        "--copy-only", action="store_true", help="copy a cluster job's summaries, serve nothing"
+    )
+    tensorboard.add_argument("--port", type=int, default=6006, help="TensorBoard's port (6006)")
+    tensorboard.add_argument(
+        "--host", default="localhost", help="the address TensorBoard listens on (localhost)"
+    )
+    tensorboard.add_argument(
+        "--every",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between two copies while serving (30)",
+    )
+    tensorboard.set_defaults(handler=_tensorboard)

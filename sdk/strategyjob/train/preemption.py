@@ -196,35 +196,8 @@ class PreemptionCheckpointHandler:
                 "PreemptionCheckpointHandler does not support usage with "
                 "strategyjob.experimental.ParameterServerStrategy."
             )
-        target = checkpoint_or_checkpoint_manager
-        if isinstance(target, CheckpointManager):
-            manager = target
-        elif isinstance(target, Checkpoint):
-            if not checkpoint_dir:
-                raise errors.InvalidArgumentError(
-                    "When a checkpoint is passed, a checkpoint_dir must be passed as well."
-                )
-            manager = CheckpointManager(target, checkpoint_dir, max_to_keep=1)
-        else:
-            raise TypeError(
-                "PreemptionCheckpointHandler expects a strategyjob.train.Checkpoint or "
-                f"CheckpointManager, got {type(target).__name__}. Wrap the training state: "
-                "Checkpoint(model=model, optimizer=opt)."
-            )
-        config = termination_config if termination_config is not None else TerminationConfig()
-        if not isinstance(config, TerminationConfig):
-            raise TypeError(
-                "termination_config must be a strategyjob.experimental.TerminationConfig, got "
-                f"{type(config).__name__}."
-            )
-        if config.termination_watcher_fn is None and (
-            threading.current_thread() is not threading.main_thread()
-        ):
-            raise ValueError(
-                "PreemptionCheckpointHandler watches SIGTERM, and Python handles signals only "
-                "in the main thread: create it there, or pass a "
-                "TerminationConfig(termination_watcher_fn=...)."
-            )
+        manager = _manager_for(checkpoint_or_checkpoint_manager, checkpoint_dir)
+        config = _config_for(termination_config)
         self._cluster_resolver = cluster_resolver
         self._manager = manager
         self._watcher_fn = config.termination_watcher_fn
@@ -412,3 +385,43 @@ def _worker_name(resolver: Any) -> str:
     if task_type is None:
         return "PreemptionCheckpointHandler"
     return f"/job:{task_type}/task:{task_id}"
+
+
+def _manager_for(
+    target: Checkpoint | CheckpointManager, checkpoint_dir: str | os.PathLike | None
+) -> CheckpointManager:
+    """The manager that saves for the handler: the one given, or one over the Checkpoint
+    given, keeping one checkpoint in ``checkpoint_dir`` (TensorFlow's)."""
+    if isinstance(target, CheckpointManager):
+        return target
+    if isinstance(target, Checkpoint):
+        if not checkpoint_dir:
+            raise errors.InvalidArgumentError(
+                "When a checkpoint is passed, a checkpoint_dir must be passed as well."
+            )
+        return CheckpointManager(target, checkpoint_dir, max_to_keep=1)
+    raise TypeError(
+        "PreemptionCheckpointHandler expects a strategyjob.train.Checkpoint or "
+        f"CheckpointManager, got {type(target).__name__}. Wrap the training state: "
+        "Checkpoint(model=model, optimizer=opt)."
+    )
+
+
+def _config_for(termination_config: TerminationConfig | None) -> TerminationConfig:
+    """The configuration, checked: a SIGTERM handler can only be installed from the main
+    thread, so elsewhere the user must watch for termination themselves."""
+    config = termination_config if termination_config is not None else TerminationConfig()
+    if not isinstance(config, TerminationConfig):
+        raise TypeError(
+            "termination_config must be a strategyjob.experimental.TerminationConfig, got "
+            f"{type(config).__name__}."
+        )
+    if config.termination_watcher_fn is None and (
+        threading.current_thread() is not threading.main_thread()
+    ):
+        raise ValueError(
+            "PreemptionCheckpointHandler watches SIGTERM, and Python handles signals only "
+            "in the main thread: create it there, or pass a "
+            "TerminationConfig(termination_watcher_fn=...)."
+        )
+    return config
