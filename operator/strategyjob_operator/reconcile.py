@@ -56,6 +56,8 @@ class JobGone(Exception):
     it reconnected)."""
 
 
+#: Longest wait between passes after an unexpected error.
+MAX_ERROR_BACKOFF = 60.0
 #: The operator's periodic resync of each active job (``STRATEGYJOB_RESYNC_SECONDS``).
 DEFAULT_RESYNC_SECONDS = 60.0
 #: Longest wait of a job's loop that nothing is due for (a finished or suspended job): its
@@ -164,6 +166,9 @@ class OperatorSettings:
     """Port of the Prometheus endpoint; None disables it."""
     min_reconcile_interval: float = 0.05
     """Seconds between two passes of one job, so a burst of pod events costs one pass."""
+    max_error_backoff: float = MAX_ERROR_BACKOFF
+    """Longest wait of a job's loop after a pass that failed unexpectedly (the wait doubles
+    from 1 s up to it)."""
     gang_scheduler: gang.GangScheduler | None = None
     """The batch scheduler that gets each job's PodGroup; None: the default scheduler."""
     resync_seconds: float | None = None

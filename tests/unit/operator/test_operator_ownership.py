@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from strategyjob import jobspec
 from strategyjob_operator import constants as c
-from strategyjob_operator.handlers import jobs_to_wake
+from strategyjob_operator.job_loop import jobs_to_wake
 from strategyjob_operator.kube import ApiError, KubeApi
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.observe import left_by_earlier_job, observe
