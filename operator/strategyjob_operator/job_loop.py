@@ -110,7 +110,7 @@ async def _passes(
     the operator stops it (False)."""
     _, namespace, name = key
     delay: float | None = None
-    errors = _Errors(current.settings.max_error_backoff)
+    errors = ErrorBackoff(current.settings.max_error_backoff)
     while not stopped:
         timeout = delay if delay is not None else current.settings.idle_check_seconds
         timed = not await _woken(event, timeout)
@@ -126,7 +126,7 @@ async def _passes(
         started = asyncio.get_running_loop().time()
         try:
             delay = await reconciler.reconcile(namespace, name, uid)
-            errors = _Errors(current.settings.max_error_backoff)
+            errors = ErrorBackoff(current.settings.max_error_backoff)
         except JobGone:  # its DELETED event missed, or not yet here
             logger.info("%s %s/%s is gone; its reconcile loop ends.", flavor.kind, *key[1:])
             return True
@@ -160,8 +160,8 @@ async def _woken(event: asyncio.Event, timeout: float | None) -> bool:
 
 
 @dataclass
-class _Errors:
-    """A job's passes that failed in a row."""
+class ErrorBackoff:
+    """A job's passes that failed in a row: the wait before the next, and when to give up."""
 
     #: The longest wait (the settings' ``max_error_backoff``).
     longest: float

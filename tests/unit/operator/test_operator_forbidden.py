@@ -158,3 +158,12 @@ def test_a_watch_kopf_gives_up_on_with_403_stops_the_operator(
     finally:
         for handler in ours:
             logging.getLogger("kopf").removeHandler(handler)
+
+
+def test_the_error_backoff_doubles_up_to_its_cap_however_long_the_passes_fail() -> None:
+    errors = job_loop.ErrorBackoff(60.0)
+    waits = [errors.backoff(ValueError("x")) for _ in range(2000)]  # a day and more
+    assert waits[:4] == [1.0, 2.0, 4.0, 8.0] and waits[-1] == 60.0
+    refused = job_loop.ErrorBackoff(60.0)
+    waits = [refused.backoff(FORBIDDEN) for _ in range(job_loop.FORBIDDEN_PASSES)]
+    assert waits[-1] is None and None not in waits[:-1]  # RBAC gone: the operator gives up
