@@ -2,6 +2,8 @@
 then carry the plan out. Deletions come first, then creations (concurrent, bounded),
 then exactly one status write, then the Events, so that an Event never reports a state
 that was not persisted and a crash at any point leaves a state the next pass finishes.
+This module only does that I/O: what follows from it (the status written, the Events
+added, when the next pass is due) is decided by :mod:`.outcome`'s pure functions.
 """
 
 from __future__ import annotations
