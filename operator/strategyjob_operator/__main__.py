@@ -16,10 +16,13 @@ import aiohttp
 import kopf
 
 import strategyjob_operator  # noqa: F401  (registers the handlers)
+from strategyjob_operator import cluster_login, settings, state
 from strategyjob_operator import constants as c
-from strategyjob_operator import handlers, settings
 from strategyjob_operator.flavor import ENV_SERVE_TFJOBS, TFJOB
 from strategyjob_operator.kube import Credentials
+from strategyjob_operator.stopping import one_line
+
+logger = logging.getLogger("strategyjob_operator")
 
 #: Seconds to keep trying an API server that does not answer at startup (``STRATEGYJOB_
 #: STARTUP_SECONDS``): a pod may start before the cluster's network reaches the API server.
@@ -51,7 +54,7 @@ def cluster_credentials() -> Credentials:
         else "the cluster credentials"
     )
     try:
-        info = handlers.connection_info(settings=kopf.OperatorSettings(), logger=handlers.logger)
+        info = cluster_login.connection_info(settings=kopf.OperatorSettings(), logger=logger)
         if info is None:
             raise StartupError(
                 "No cluster credentials: no ServiceAccount token (in a pod) and no kubeconfig "
@@ -73,7 +76,7 @@ def cluster_credentials() -> Credentials:
         raise
     except Exception as e:
         raise StartupError(
-            f"Cannot use {source}: {handlers.one_line(e)}; fix it (kubectl --kubeconfig=FILE "
+            f"Cannot use {source}: {one_line(e)}; fix it (kubectl --kubeconfig=FILE "
             "get ns must work) or point KUBECONFIG at a working one."
         ) from None
     return creds
@@ -104,11 +107,11 @@ async def check_cluster(creds: Credentials, seconds: float, serve_tfjobs: bool =
                     await resp.read()
             except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as e:
                 raise StartupError(
-                    f"TLS with the API server {creds.server} failed ({handlers.one_line(e)}): "
+                    f"TLS with the API server {creds.server} failed ({one_line(e)}): "
                     "set the kubeconfig's certificate-authority(-data) to the cluster's CA."
                 ) from None
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                status, last = 0, handlers.one_line(e) or type(e).__name__
+                status, last = 0, one_line(e) or type(e).__name__
             if status == 401:
                 raise StartupError(
                     f"The API server {creds.server} refused the credentials (HTTP 401): the "
@@ -184,11 +187,11 @@ def peering_priority(priority: int | None, *, standalone: bool) -> int:
 
 
 async def operate(**kopf_args: Any) -> None:
-    """``kopf.operator`` until SIGTERM, SIGINT or :func:`handlers.give_up` stops it. kopf
+    """``kopf.operator`` until SIGTERM, SIGINT or :func:`stopping.give_up` stops it. kopf
     waits for a ``concurrent.futures.Future`` stop flag in a thread of the loop's default
     executor, and that thread never ends when a signal stops kopf: ``asyncio.run`` then
     waits for it forever at exit, until the kubelet's SIGKILL. So kopf gets a flag of this
-    loop, set from ``handlers.STATE.stop_flag``, which ``give_up`` may set from any thread."""
+    loop, set from the operator state's ``stop_flag``, which ``give_up`` may set from any thread."""
     loop = asyncio.get_running_loop()
     stop: asyncio.Future[None] = loop.create_future()
 
@@ -200,7 +203,7 @@ async def operate(**kopf_args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to stop
             loop.call_soon_threadsafe(raise_stop)
 
-    handlers.STATE.stop_flag.add_done_callback(relay)  # at once when it is set already
+    state.current().stop_flag.add_done_callback(relay)  # at once when it is set already
     await kopf.operator(stop_flag=stop, **kopf_args)
 
 
@@ -251,10 +254,11 @@ def main(argv: list[str] | None = None) -> None:
     except asyncio.CancelledError:  # as kopf.run: a stop that cancelled the operator
         pass
     except Exception:
-        if not handlers.STATE.fatal:
+        if not state.current().fatal:
             raise
-    if handlers.STATE.fatal:  # handlers.give_up stopped kopf: say why once more, last
-        sys.exit(f"strategyjob-operator: {handlers.STATE.fatal}")
+    fatal = state.current().fatal
+    if fatal:  # stopping.give_up stopped kopf: say why once more, last
+        sys.exit(f"strategyjob-operator: {fatal}")
 
 
 if __name__ == "__main__":

@@ -445,6 +445,27 @@ def _with_port(container: dict[str, Any], port: int) -> None:
     container["ports"] = ports
 
 
+def _with_pod_identity(
+    job: jobspec.StrategyJob, pod_spec: dict[str, Any], name: str, tfjob: jobspec.TFJob | None
+) -> None:
+    """What the operator owns of the pod's spec, set in place: its hostname (and a
+    StrategyJob's subdomain, the job's Service), ``restartPolicy: Never``, the job's
+    priority class and ServiceAccount where the template names none."""
+    pod_spec["hostname"] = name
+    if tfjob is None:
+        pod_spec["subdomain"] = job.name
+    pod_spec["restartPolicy"] = "Never"
+    priority_class = job.run_policy.scheduling_policy.priority_class
+    if priority_class and not pod_spec.get("priorityClassName"):
+        pod_spec["priorityClassName"] = priority_class
+    # A TFJob's pods run as training-operator's do: as the template says, else as the
+    # namespace's default ServiceAccount, whose image pull secrets and cloud identity the
+    # manifest may rely on (so progress reports need the job's account named in the template).
+    named = pod_spec.get("serviceAccountName") or pod_spec.get("serviceAccount")
+    if tfjob is None and not named:
+        pod_spec["serviceAccountName"] = service_account_name(job)
+
+
 def build_pod(
     job: jobspec.StrategyJob,
     replica_type: str,
@@ -475,20 +496,7 @@ def build_pod(
     pod_spec = template.get("spec") or {}
     name = job.pod_name(replica_type, index)
 
-    pod_spec["hostname"] = name
-    if tfjob is None:
-        pod_spec["subdomain"] = job.name
-    pod_spec["restartPolicy"] = "Never"
-    priority_class = job.run_policy.scheduling_policy.priority_class
-    if priority_class and not pod_spec.get("priorityClassName"):
-        pod_spec["priorityClassName"] = priority_class
-    # A TFJob's pods run as training-operator's do: as the template says, else as the
-    # namespace's default ServiceAccount, whose image pull secrets and cloud identity the
-    # manifest may rely on (so progress reports need the job's account named in the template).
-    named = pod_spec.get("serviceAccountName") or pod_spec.get("serviceAccount")
-    if tfjob is None and not named:
-        pod_spec["serviceAccountName"] = service_account_name(job)
-
+    _with_pod_identity(job, pod_spec, name, tfjob)
     # edited in place: the container's own dict inside pod_spec (a deep copy of the template)
     config_map = config_map or cluster_config_map_name(job, tfjob)
     if tfjob is None:

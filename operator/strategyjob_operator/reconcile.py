@@ -2,6 +2,8 @@
 then carry the plan out. Deletions come first, then creations (concurrent, bounded),
 then exactly one status write, then the Events, so that an Event never reports a state
 that was not persisted and a crash at any point leaves a state the next pass finishes.
+This module only does that I/O: what follows from it (the status written, the Events
+added, when the next pass is due) is decided by :mod:`.outcome`'s pure functions.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from strategyjob_operator import (
     gang,
     history,
     observe,
+    outcome,
     progress,
     scaling,
     undecodable,
@@ -37,12 +40,11 @@ from strategyjob_operator import constants as c
 from strategyjob_operator.flavor import STRATEGYJOB, Flavor, Loaded
 from strategyjob_operator.kube import ApiError, KubeApi, bounded_gather
 from strategyjob_operator.metrics import REGISTRY, Registry
+from strategyjob_operator.outcome import STALE_RETRY_SECONDS
 from strategyjob_operator.pod_cache import PodCache
 
 logger = logging.getLogger("strategyjob_operator")
 
-#: Seconds between passes while the pods of an earlier job of the same name are going.
-STALE_RETRY_SECONDS = 1.0
 #: Seconds until the pass after one that created the pods a TFJob's scale-up added.
 SCALE_RETRY_SECONDS = 0.1
 
@@ -56,6 +58,8 @@ class JobGone(Exception):
     it reconnected)."""
 
 
+#: Longest wait between passes after an unexpected error.
+MAX_ERROR_BACKOFF = 60.0
 #: The operator's periodic resync of each active job (``STRATEGYJOB_RESYNC_SECONDS``).
 DEFAULT_RESYNC_SECONDS = 60.0
 #: Longest wait of a job's loop that nothing is due for (a finished or suspended job): its
@@ -67,13 +71,6 @@ DEFAULT_TERMINATION_GRACE_SECONDS = 60
 
 #: Shortest wait before looking again at a pod that stays terminating on a Ready node.
 LOST_RECHECK_SECONDS = 5.0
-
-#: Seconds between passes while an object the job does not control holds one of its names.
-BLOCKED_RETRY_SECONDS = 10.0
-#: The condition that says which object holds one of the job's names (Deployment's name for
-#: a controller that cannot create what it needs), and the reason of it and of its Event.
-REPLICA_FAILURE = "ReplicaFailure"
-REASON_NOT_CONTROLLED = "ObjectNotControlled"
 
 
 class StaleChildError(Exception):
@@ -100,49 +97,6 @@ def _blocker(obj: dict[str, Any], existing: dict[str, Any]) -> str:
     return f"{obj['kind']} {meta['namespace']}/{meta['name']} ({held})"
 
 
-#: How many of the objects in a job's way its condition names.
-BLOCKERS_NAMED = 5
-
-
-def blocked_message(job_name: str, blocked: list[str]) -> str:
-    """One line naming what blocks the job and what to do about it."""
-    named = ", ".join(blocked[:BLOCKERS_NAMED])
-    if len(blocked) > BLOCKERS_NAMED:
-        named += f" and {len(blocked) - BLOCKERS_NAMED} more"
-    if len(blocked) == 1:
-        return (
-            f"{named} has a name StrategyJob {job_name} needs and is not controlled by it: "
-            "delete it, or give the job another name."
-        )
-    return (
-        f"{len(blocked)} objects have names StrategyJob {job_name} needs and are not "
-        f"controlled by it: {named}. Delete them (a job deleted with --cascade=orphan leaves "
-        f"them labelled {c.LABEL_JOB_NAME}={job_name}), or give the job another name."
-    )
-
-
-def _blocked_condition(
-    status: dict[str, Any], job_name: str, blocked: list[str], now: datetime
-) -> tuple[dict[str, Any], decide.Event | None]:
-    """``status`` with the ReplicaFailure condition naming what blocks the job (removed once
-    nothing does, as a Deployment's), and the Event to post when that changed: one Event per
-    change, not one per pass."""
-    conds = list(status.get("conditions") or [])
-    if not blocked:
-        if cond.get(conds, REPLICA_FAILURE) is None:
-            return status, None
-        kept = [x for x in conds if x.get("type") != REPLICA_FAILURE]
-        return {**status, "conditions": kept}, None
-    message = blocked_message(job_name, blocked)
-    old = cond.get(conds, REPLICA_FAILURE)
-    conds = cond.set_condition(
-        conds, REPLICA_FAILURE, True, REASON_NOT_CONTROLLED, message, decide.timestamp(now)
-    )
-    changed = old is None or old.get("message") != message or old.get("status") != "True"
-    event = decide.Event("Warning", REASON_NOT_CONTROLLED, message) if changed else None
-    return {**status, "conditions": conds}, event
-
-
 def _uid(obj: dict[str, Any]) -> str | None:
     return (obj.get("metadata") or {}).get("uid")
 
@@ -166,21 +120,6 @@ def with_grace_period(pod: dict[str, Any], seconds: int | None) -> None:
         spec["terminationGracePeriodSeconds"] = seconds
 
 
-def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON merge patch turning ``old`` into ``new``: keys that ``new`` drops, at any
-    depth (``stalledReasons`` once nothing is stuck, ``completedIndexes`` after a restart,
-    a metric of the progress), are set to null; otherwise the API server keeps them, the
-    next pass sees a difference again, and every pass (and every resync) writes."""
-    out: dict[str, Any] = {k: None for k in old if k not in new}
-    for k, v in new.items():
-        before = old.get(k)
-        if isinstance(v, Mapping) and isinstance(before, Mapping):
-            out[k] = status_patch(before, v)
-        else:
-            out[k] = v
-    return out
-
-
 @dataclass
 class PodCreation:
     """What creating a job's missing pods came to (the pods themselves are not kept)."""
@@ -194,6 +133,25 @@ class PodCreation:
     failed: list[tuple[str, Exception]] = field(default_factory=list)
     #: The pods created (a gang's are deleted again when the quota refuses some).
     created_names: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Creations:
+    """What creating a job's objects and pods came to in one pass."""
+
+    #: Objects with the job's names that it does not control (:func:`_blocker`), by name.
+    blocked: list[str] = field(default_factory=list)
+    #: What could not be created and why (None: nothing failed).
+    failure: outcome.CreateFailure | None = None
+    #: A pod of an earlier job of the same name was in the way (being deleted).
+    stale: bool = False
+
+
+def _failure(reason: str, what: str, error: BaseException) -> outcome.CreateFailure:
+    """What could not be created, with the API server's status and message when it refused."""
+    if isinstance(error, ApiError):
+        return outcome.CreateFailure(reason, what, error, error.status, error.detail)
+    return outcome.CreateFailure(reason, what, error, None, str(error))
 
 
 def utcnow() -> datetime:
@@ -210,6 +168,9 @@ class OperatorSettings:
     """Port of the Prometheus endpoint; None disables it."""
     min_reconcile_interval: float = 0.05
     """Seconds between two passes of one job, so a burst of pod events costs one pass."""
+    max_error_backoff: float = MAX_ERROR_BACKOFF
+    """Longest wait of a job's loop after a pass that failed unexpectedly (the wait doubles
+    from 1 s up to it)."""
     gang_scheduler: gang.GangScheduler | None = None
     """The batch scheduler that gets each job's PodGroup; None: the default scheduler."""
     resync_seconds: float | None = None
@@ -303,64 +264,33 @@ class Reconciler:
             self.metrics.observe_reconcile(time.perf_counter() - started)
 
     async def _reconcile(self, namespace: str, name: str, uid: str | None) -> float | None:
-        api, kind = self.api, self.flavor.kind
-        job_path = self.flavor.job_path(namespace, name)
-        job_obj = await api.get(job_path)
-        if uid is not None and (job_obj is None or job_obj["metadata"].get("uid") != uid):
-            raise JobGone(f"{kind} {namespace}/{name} (uid {uid}) is gone")
-        if job_obj is None or job_obj["metadata"].get("deletionTimestamp"):
+        """Read the job and its pods, carry out a resize, :func:`decide`, delete, create,
+        then write the status :mod:`.outcome` settles on (once) and post the Events. It
+        reads whole as the order of a pass's I/O; every decision is in decide and outcome."""
+        job_obj = await self._read_job(namespace, name, uid)
+        if job_obj is None:
             return None
         now = self.clock()
         written = job_obj.get("status") or {}
-        try:
-            loaded = self.flavor.load(job_obj, self.settings.cluster_domain)
-        except jobspec.ManifestError as e:
-            await self._invalid(job_obj, written, str(e), now)
-            return None  # failed for good: nothing to requeue
-        if not loaded.served:  # a TFJob that another controller (MultiKueue) manages
+        loaded = await self._load(job_obj, written, now)
+        if loaded is None:
             return None
-        job = loaded.job
+        job, meta, kind = loaded.job, job_obj["metadata"], self.flavor.kind
         status = self.flavor.internal_status(written, loaded)
-
-        if self.pod_cache is not None:
-            pods = await self.pod_cache.job_pods(namespace, name)
-        else:
-            pods = await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
-        uid = job_obj["metadata"].get("uid")
+        pods = await self._pods(namespace, name)
+        uid, generation = meta.get("uid"), meta.get("generation", 0)
         key: JobKey = (namespace, name, uid or "")
         stale = [p for p in pods if uid and observe.left_by_earlier_job(p, uid, name, kind)]
         if stale:
             return await self._remove_stale_pods(namespace, name, stale)
-        generation = job_obj["metadata"].get("generation", 0)
-        suspended = job.run_policy.suspend
-        members: scaling.Members | None = None
         resize_events: list[decide.Event] = []
-        followed: tuple[scaling.Members, list[tuple[str, int]]] | None = None
-        edited = scaling.scaled(status, generation, suspended)
-        if scaling.resizable(job, loaded.tfjob) and scaling.running(status, suspended):
-            followed = await self._follow_workers(loaded, job_obj, pods, edited, resize_events)
-        if followed is not None:
-            members, added = followed
-            if added:
-                await self._add_workers(loaded, job_obj, added, status, resize_events, now)
-                return SCALE_RETRY_SECONDS  # decide once the new pods are there
-        elif loaded.tfjob is not None and edited:
-            if await self._scale(loaded, job_obj, pods, status):
-                return SCALE_RETRY_SECONDS  # decide once the new pods are there
-        elif scaling.reforms(job, loaded.tfjob) and (gone := scaling.surplus(job, pods, uid or "")):
-            # scaled down: the workers above the new count stop with the rest (decide's
-            # re-forming) and are not made again
-            await self._delete_pods(namespace, [n for n, _ in gone], uids=dict(gone))
-        replicas = observe.observe(job, pods, uid)
-        replicas, seen = observe.stamp_unknown(
-            replicas, self._unknown_seen.pop(key, {}), decide.timestamp(now)
-        )
-        if seen:
-            self._unknown_seen[key] = seen
-        uids = {r.name: r.uid for r in replicas.values()}
+        scaled, members = await self._resize(loaded, job_obj, pods, status, resize_events, now)
+        if scaled:
+            return SCALE_RETRY_SECONDS  # decide once the new pods are there
+        replicas = self._observe(key, job, pods, uid, now)
         plan = decide.decide(
             job,
-            job_obj["metadata"].get("generation", 0),
+            generation,
             status,
             replicas,
             now,
@@ -371,115 +301,223 @@ class Reconciler:
         )
         if plan.action is not decide.Action.NONE:
             logger.info("StrategyJob %s/%s: %s", namespace, name, plan.action.value)
-
-        if plan.delete_pods:  # the decision is persisted only once its deletions happened
-            deleted = await self._delete_pods(namespace, plan.delete_pods, uids=uids)
-            self.metrics.inc("pods_deleted", namespace, deleted)
-        if plan.action is decide.Action.SUSPEND:  # the scheduler reserves nothing for it
-            await gang.release_pod_group(api, job, uid, self.settings.gang_scheduler)
-
-        retry = None
-        extra_events: list[decide.Event] = []
-        lost_wait = await self._force_delete_lost(namespace, replicas, now, extra_events)
+        await self._delete_for(plan, job, uid, replicas)
+        events: list[decide.Event] = []
+        lost_wait = await self._force_delete_lost(namespace, replicas, now, events)
         hold = decide.create_hold(self._create_backoff.get(key), generation, now)
+        plan, hold = outcome.held_back(plan, hold)
         quota_frees = self._quota_frees[namespace]  # a quota freeing room from here on ends a wait
-        if hold is not None and (plan.create or plan.ensure_service):
-            plan, retry = dataclasses.replace(plan, create=(), ensure_service=False), hold
-        #: What could not be created this pass (setup objects, pods) and why.
-        create_error: tuple[str, str, BaseException] | None = None
-        scheduler = self.settings.gang_scheduler
+        plan, created = await self._create(loaded, job_obj, plan, status, events)
+        note = self._note_creation(key, generation, plan, created.failure, now, quota_frees)
+        resizable = scaling.resizable(job, loaded.tfjob)
+        resize = outcome.Resize(job, replicas, members) if resizable else None
+        settled = outcome.settle(plan, name, note.status, created.blocked, resize, now)
+        if settled.event is not None:
+            logger.warning("StrategyJob %s/%s: %s", namespace, name, settled.event.message)
+        new_status = await self._with_progress(job, job_obj, pods, status, settled.status)
+        patch = outcome.status_write(self.flavor, loaded, written, status, new_status, now)
+        if patch is not None:
+            path = self.flavor.job_path(namespace, name, "status")
+            await self.api.merge_patch(path, {"status": patch})
+        posted = (*plan.events, *events, note.event, settled.event, *resize_events)
+        await self._post_events(job_obj, tuple(e for e in posted if e is not None), now)
+        for metric in plan.metrics:
+            self.metrics.inc(metric, namespace)
+        if plan.delete_job:
+            await self.api.delete(self.flavor.job_path(namespace, name))
+            return None
+        jitter = random.uniform(0.9, 1.1)
+        resync = outcome.resync_wait(plan, self.settings.resync_seconds, jitter)
+        stale_wait = STALE_RETRY_SECONDS if created.stale else None
+        waits = (plan.requeue_after, hold, stale_wait, note.delay, settled.retry, lost_wait)
+        return outcome.next_pass(*waits, resync)
+
+    async def _delete_for(
+        self,
+        plan: decide.Plan,
+        job: jobspec.StrategyJob,
+        uid: str | None,
+        replicas: Mapping[tuple[str, int], observe.Replica],
+    ) -> None:
+        """The plan's deletions: its pods (each only if still the pod the pass saw), and a
+        suspended job's PodGroup (the scheduler reserves nothing for it). They come before
+        the status write: the decision is persisted only once its deletions happened."""
+        if plan.delete_pods:
+            uids = {r.name: r.uid for r in replicas.values()}
+            deleted = await self._delete_pods(job.namespace, plan.delete_pods, uids=uids)
+            self.metrics.inc("pods_deleted", job.namespace, deleted)
+        if plan.action is decide.Action.SUSPEND:
+            await gang.release_pod_group(self.api, job, uid, self.settings.gang_scheduler)
+
+    async def _read_job(self, namespace: str, name: str, uid: str | None) -> dict[str, Any] | None:
+        """The job to pass over; None when it is gone or being deleted. With ``uid``, a job
+        gone or replaced by a namesake raises :class:`JobGone`."""
+        job_obj = await self.api.get(self.flavor.job_path(namespace, name))
+        if uid is not None and (job_obj is None or job_obj["metadata"].get("uid") != uid):
+            raise JobGone(f"{self.flavor.kind} {namespace}/{name} (uid {uid}) is gone")
+        if job_obj is None or job_obj["metadata"].get("deletionTimestamp"):
+            return None
+        return job_obj
+
+    async def _load(
+        self, job_obj: dict[str, Any], written: dict[str, Any], now: datetime
+    ) -> Loaded | None:
+        """The job's spec; None when the pass has nothing to do: a spec that jobspec rejects
+        (the job failed, once and for good) or a TFJob another controller (MultiKueue)
+        manages."""
+        try:
+            loaded = self.flavor.load(job_obj, self.settings.cluster_domain)
+        except jobspec.ManifestError as e:
+            await self._invalid(job_obj, written, str(e), now)
+            return None  # failed for good: nothing to requeue
+        return loaded if loaded.served else None
+
+    async def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The job's pods: their metadata from the watch's cache, or listed in full."""
+        if self.pod_cache is not None:
+            return await self.pod_cache.job_pods(namespace, name)
+        api = self.api
+        return await api.list(api.core_path(namespace, "pods"), children.job_selector(name))
+
+    def _observe(
+        self,
+        key: JobKey,
+        job: jobspec.StrategyJob,
+        pods: Sequence[Mapping[str, Any]],
+        uid: str | None,
+        now: datetime,
+    ) -> dict[tuple[str, int], observe.Replica]:
+        """The job's replicas as its pods show them, those in phase Unknown stamped with
+        when they were first seen so (kept per job between passes)."""
+        replicas = observe.observe(job, pods, uid)
+        replicas, seen = observe.stamp_unknown(
+            replicas, self._unknown_seen.pop(key, {}), decide.timestamp(now)
+        )
+        if seen:
+            self._unknown_seen[key] = seen
+        return replicas
+
+    async def _resize(
+        self,
+        loaded: Loaded,
+        job_obj: dict[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        status: Mapping[str, Any],
+        events: list[decide.Event],
+        now: datetime,
+    ) -> tuple[bool, scaling.Members | None]:
+        """Carry out a change of the job's size before deciding (:mod:`.scaling`): a
+        resizable job follows its workers (:meth:`_follow_workers`), a TFJob's ``replicas``
+        edit is carried out (:meth:`_scale`), a re-forming job's workers above its count
+        go. Returns whether pods were created (the pass ends: the next one decides with
+        them) and the workers the chief follows (None: no resizable job's)."""
+        job, tfjob, meta = loaded.job, loaded.tfjob, job_obj["metadata"]
+        suspended = job.run_policy.suspend
+        edited = scaling.scaled(status, meta.get("generation", 0), suspended)
+        followed = None
+        if scaling.resizable(job, tfjob) and scaling.running(status, suspended):
+            followed = await self._follow_workers(loaded, job_obj, pods, edited, events)
+        if followed is not None:
+            members, added = followed
+            if added:
+                await self._add_workers(loaded, job_obj, added, status, events, now)
+            return bool(added), members
+        if tfjob is not None and edited:
+            return await self._scale(loaded, job_obj, pods, status), None
+        if scaling.reforms(job, tfjob) and (
+            gone := scaling.surplus(job, pods, meta.get("uid") or "")
+        ):
+            # scaled down: the workers above the new count stop with the rest (decide's
+            # re-forming) and are not made again
+            await self._delete_pods(job.namespace, [n for n, _ in gone], uids=dict(gone))
+        return False, None
+
+    async def _create(
+        self,
+        loaded: Loaded,
+        job_obj: dict[str, Any],
+        plan: decide.Plan,
+        status: Mapping[str, Any],
+        events: list[decide.Event],
+    ) -> tuple[decide.Plan, Creations]:
+        """Create what the plan asks for: the job's objects, then (unless something blocks
+        them: without its own Service etc., pods would not work) its pods, a gang's all or
+        none. Adds its Events to ``events``; returns the plan as carried out (without pods
+        when the job's objects could not be created) and what the creation came to."""
+        job, scheduler = loaded.job, self.settings.gang_scheduler
+        failure: outcome.CreateFailure | None = None
         blocked: list[str] = []
         if plan.ensure_service:
             try:
                 blocked = await self._ensure_job_objects(loaded, job_obj)
             except ApiError as e:  # RBAC, no PodGroup API, a webhook: in the status, no pods
-                create_error = (c.REASON_SETUP_FAILED, "the job's objects", e)
+                failure = _failure(c.REASON_SETUP_FAILED, "the job's objects", e)
                 plan = dataclasses.replace(plan, create=())
             warning = gang.unhonoured_policy(job, scheduler)
             if warning and not status.get("conditions"):  # once, when the job is new
-                extra_events.append(decide.Event("Warning", gang.REASON_NO_GANG_SCHEDULER, warning))
-        if plan.create and not blocked:  # without its own Service etc., pods would not work
-            async with gang.admission(scheduler, namespace):  # a gang: all its pods or none
-                waiting = await gang.quota_shortfall(api, job, plan.create, scheduler)
-                outcome = PodCreation()
-                if waiting is None:
-                    outcome = await self._create_pods(loaded, job_obj, plan.create, plan.status)
-            if waiting is not None:
-                create_error = (gang.REASON_WAITING_FOR_QUOTA, gang.waiting_what(plan), waiting)
-            self.metrics.inc("pods_created", namespace, outcome.created)
-            blocked = sorted(outcome.blocked)  # by name: the same message on every pass
-            if outcome.stale:
-                retry = STALE_RETRY_SECONDS  # a pod of that name is going: soon, quietly
-            failed = outcome.failed
-            if failed:
-                self.metrics.inc("pod_create_errors", namespace, len(failed))
-                first_name, first_error = failed[0]
-                logger.warning(
-                    "StrategyJob %s/%s: %d pods not created; first: %s: %s",
-                    namespace,
-                    name,
-                    len(failed),
-                    first_name,
-                    first_error,
-                )
-                # The first by name: the same failure reads the same on every attempt.
-                pod_name, error = min(failed, key=lambda f: f[0])
-                error = undecodable.naming_fields(error, job_obj.get("spec") or {})
-                create_error = (c.REASON_CREATE_FAILED, f"pod {pod_name}", error)
-                undone, event = await gang.undo_partial_creation(
-                    api, job, outcome.created_names, failed, scheduler
-                )
-                self.metrics.inc("pods_deleted", namespace, undone)
-                extra_events.extend([event] if event is not None else [])
+                events.append(decide.Event("Warning", gang.REASON_NO_GANG_SCHEDULER, warning))
+        if not plan.create or blocked:
+            return plan, Creations(blocked, failure)
+        async with gang.admission(scheduler, job.namespace):  # a gang: all its pods or none
+            waiting = await gang.quota_shortfall(self.api, job, plan.create, scheduler)
+            pods = PodCreation()
+            if waiting is None:
+                pods = await self._create_pods(loaded, job_obj, plan.create, plan.status)
+        if waiting is not None:
+            failure = _failure(gang.REASON_WAITING_FOR_QUOTA, gang.waiting_what(plan), waiting)
+        self.metrics.inc("pods_created", job.namespace, pods.created)
+        if pods.failed:
+            failure = await self._pods_failed(job, job_obj, pods, events)
+        # blocked by name: the same message on every pass; a stale pod's name: soon, quietly
+        return plan, Creations(sorted(pods.blocked), failure, pods.stale)
 
-        plan_status, create_retry = self._note_creation(
-            key, generation, plan, create_error, now, extra_events, quota_frees
+    async def _pods_failed(
+        self,
+        job: jobspec.StrategyJob,
+        job_obj: dict[str, Any],
+        pods: PodCreation,
+        events: list[decide.Event],
+    ) -> outcome.CreateFailure:
+        """Log the pods the API server refused, delete those of a gang that were created (all
+        or none, :func:`gang.undo_partial_creation`), and say what failed: the first pod by
+        name, so that the same failure reads the same on every attempt."""
+        ns, failed = job.namespace, pods.failed
+        self.metrics.inc("pod_create_errors", ns, len(failed))
+        first_name, first_error = failed[0]
+        logger.warning(
+            "StrategyJob %s/%s: %d pods not created; first: %s: %s",
+            ns,
+            job.name,
+            len(failed),
+            first_name,
+            first_error,
         )
-        if create_retry is not None:
-            retry = min(retry or create_retry, create_retry)
-        if blocked or plan.ensure_service or plan.create or plan_status.get("launched"):
-            plan_status, event = _blocked_condition(plan_status, name, blocked, now)
-            if event is not None:
-                logger.warning("StrategyJob %s/%s: %s", namespace, name, event.message)
-                extra_events.append(event)
-            if blocked:
-                retry = min(retry or BLOCKED_RETRY_SECONDS, BLOCKED_RETRY_SECONDS)
-        resizing = cond.is_true(plan_status.get("conditions") or [], c.RESIZING)
-        if scaling.resizable(job, loaded.tfjob) and (members is not None or resizing):
-            held = scaling.resize_condition(job, members, replicas)
-            plan_status = dict(plan_status)
-            if members is not None:
-                plan_status["workers"] = len(members.workers)
-            plan_status["conditions"] = cond.set_condition(
-                plan_status.get("conditions") or [], c.RESIZING, *held, decide.timestamp(now)
-            )
-        extra_events.extend(resize_events)
-        new_status = plan_status
+        pod_name, error = min(failed, key=lambda f: f[0])
+        error = undecodable.naming_fields(error, job_obj.get("spec") or {})
+        undone, event = await gang.undo_partial_creation(
+            self.api, job, pods.created_names, failed, self.settings.gang_scheduler
+        )
+        self.metrics.inc("pods_deleted", ns, undone)
+        events.extend([event] if event is not None else [])
+        return _failure(c.REASON_CREATE_FAILED, f"pod {pod_name}", error)
+
+    async def _with_progress(
+        self,
+        job: jobspec.StrategyJob,
+        job_obj: dict[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        before: Mapping[str, Any],
+        status: dict[str, Any],
+    ) -> dict[str, Any]:
+        """``status`` with the progress the job's leader reports (:mod:`.progress`); a new
+        report goes into the metric history first (:meth:`_record_history`)."""
         report = progress.leader_report(job, pods, job_obj["metadata"].get("uid"))
-        if report is not None:
-            new_status = progress.with_progress(
-                plan_status, progress.aggregate(report, status.get("progress"))
-            )
-            if new_status.get("progress") != status.get("progress"):  # a new report
-                await self._record_history(job, job_obj, report)
-        if new_status != status:
-            new_written = self.flavor.external_status(new_status, loaded)
-            if loaded.tfjob is not None:  # TFJob's: when the status last changed
-                new_written["lastReconcileTime"] = decide.timestamp(now)
-            patch = status_patch(written, new_written)
-            await api.merge_patch(
-                self.flavor.job_path(namespace, name, "status"), {"status": patch}
-            )
-        await self._post_events(job_obj, (*plan.events, *extra_events), now)
-        for metric in plan.metrics:
-            self.metrics.inc(metric, namespace)
-        if plan.delete_job:
-            await api.delete(job_path)
-            return None
-        delays = [
-            d for d in (plan.requeue_after, retry, lost_wait, self._resync(plan)) if d is not None
-        ]
-        return min(delays) if delays else None
+        if report is None:
+            return status
+        new = progress.with_progress(status, progress.aggregate(report, before.get("progress")))
+        if new.get("progress") != before.get("progress"):  # a new report
+            await self._record_history(job, job_obj, report)
+        return new
 
     async def _scale(
         self,
@@ -720,20 +758,6 @@ class Reconciler:
         await asyncio.gather(*(create_some() for _ in range(loops)))
         return outcome
 
-    def _resync(self, plan: decide.Plan) -> float | None:
-        """Seconds until the periodic pass of a job whose pods may change (not finished,
-        not suspended); None when it needs none."""
-        period = self.settings.resync_seconds
-        if period is None or plan.action in (decide.Action.SUSPEND, decide.Action.DELETE_JOB):
-            return None
-        conds = plan.status.get("conditions") or []
-        if any(
-            x.get("type") in (c.SUCCEEDED, c.FAILED, c.SUSPENDED) and x.get("status") == "True"
-            for x in conds
-        ):
-            return None
-        return period * random.uniform(0.9, 1.1)
-
     async def _ensure_job_objects(self, loaded: Loaded, job_obj: dict[str, Any]) -> list[str]:
         """The job's headless Service, the ConfigMap its pods read the cluster from, its
         security objects (ServiceAccount, Role, RoleBinding, token Secret, NetworkPolicy) and
@@ -893,47 +917,32 @@ class Reconciler:
         key: JobKey,
         generation: int,
         plan: decide.Plan,
-        error: tuple[str, str, BaseException] | None,
+        failure: outcome.CreateFailure | None,
         now: datetime,
-        events: list[decide.Event],
-        quota_frees: int = 0,
-    ) -> tuple[dict[str, Any], float | None]:
-        """The plan's status with the CreateFailed condition: set with the API server's
-        answer when ``error`` failed twice in a row (one Event per distinct message), the
-        backoff started or continued; cleared once this pass created what it had to.
-        Returns the status and the seconds until the next attempt (None: no failure).
-        ``quota_frees``: the namespace's count of quotas freeing room when the pass read
-        them; a wait for quota started after one freed room since is over at once."""
-        if error is None:
-            if not (plan.create or plan.ensure_service):
-                return plan.status, None  # held back, or nothing to create
+        quota_frees: int,
+    ) -> outcome.CreationNote:
+        """Note the pass's creation (:func:`outcome.note_creation`): keep the job's back-off
+        and log a failure. ``quota_frees``: the namespace's count of quotas freeing room
+        when the pass read them; a wait for quota started after one freed room since is
+        over at once."""
+        freed = self._quota_frees[key[0]] != quota_frees
+        previous = self._create_backoff.get(key)
+        note = outcome.note_creation(plan, previous, generation, failure, now, freed_since=freed)
+        if note.backoff is None:
             self._create_backoff.pop(key, None)
-            msg = "Every object and pod of the job that was missing has been created."
-            status, _ = decide.with_create_failure(plan.status, None, msg, now)
-            return status, None
-        reason, what, exc = error
-        code = exc.status if isinstance(exc, ApiError) else None
-        detail = exc.detail if isinstance(exc, ApiError) else str(exc)
-        for_quota = reason == gang.REASON_WAITING_FOR_QUOTA or gang.quota_refusal(exc)
-        backoff = decide.after_create_failure(
-            self._create_backoff.get(key), generation, code, detail, now, for_quota=for_quota
-        )
-        if backoff.for_quota and self._quota_frees[key[0]] != quota_frees:
-            # The room freed while this pass checked: its wake found no wait to end yet.
-            backoff = decide.released(backoff, now)
-        self._create_backoff[key] = backoff
-        delay = max(0.0, (backoff.next_at - now).total_seconds())
-        if not backoff.confirmed:  # maybe a race: once more soon, before telling anyone
+        else:
+            self._create_backoff[key] = note.backoff
+        if note.message is not None:
+            logger.warning("StrategyJob %s/%s: %s", *key[:2], note.message)
+        elif failure is not None:
             logger.info(
-                "StrategyJob %s/%s: cannot create %s (%s); again in %gs", *key[:2], what, exc, delay
+                "StrategyJob %s/%s: cannot create %s (%s); again in %gs",
+                *key[:2],
+                failure.what,
+                failure.error,
+                note.delay,
             )
-            return plan.status, delay
-        msg = decide.create_failed_message(what, exc, backoff.permanent)
-        status, event = decide.with_create_failure(plan.status, reason, msg, now)
-        logger.warning("StrategyJob %s/%s: %s", *key[:2], msg)
-        if event is not None:
-            events.append(event)
-        return status, delay
+        return note
 
     async def _force_delete_lost(
         self,

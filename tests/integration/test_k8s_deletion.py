@@ -80,7 +80,7 @@ class _Running:
 
 
 def test_a_jobs_loop_ends_on_its_own_when_its_deleted_event_is_missed(
-    control_plane: ControlPlane, own_kube: Kube, monkeypatch: pytest.MonkeyPatch
+    control_plane: ControlPlane, own_kube: Kube
 ) -> None:
     """The job's loop runs in this process with no kopf, so no watch event ever reaches it
     (as when the DELETED event is lost while the watch reconnects): its next pass reads the
@@ -89,17 +89,16 @@ def test_a_jobs_loop_ends_on_its_own_when_its_deleted_event_is_missed(
     from strategyjob_operator.kube import Credentials, KubeApi
     from strategyjob_operator.metrics import Registry
     from strategyjob_operator.reconcile import OperatorSettings, Reconciler
+    from strategyjob_operator.state import OperatorState, installed
 
     kube = own_kube
     uid = kube.create_job(manifest("lost", "MultiWorkerMirroredStrategy", {"worker": 1}))[
         "metadata"
     ]["uid"]
     cp = control_plane
-    state = handlers._State()
-    state.settings = OperatorSettings(metrics_port=None, resync_seconds=1.0)
+    state = OperatorState(OperatorSettings(metrics_port=None, resync_seconds=1.0))
     api = KubeApi(Credentials(server=cp.server, token=cp.token, ca_path=str(cp.ca_path)))
     reconciler = state.reconciler = Reconciler(api, state.settings, registry=Registry())
-    monkeypatch.setattr(handlers, "STATE", state)
     key = (kube.ns, "lost", uid)
 
     async def until(what: str, predicate: Any, timeout: float = 60.0) -> None:
@@ -124,7 +123,8 @@ def test_a_jobs_loop_ends_on_its_own_when_its_deleted_event_is_missed(
             daemon.cancel()
             await api.close()
 
-    asyncio.run(scenario())
+    with installed(state):  # the handlers' state while the loop runs
+        asyncio.run(scenario())
     assert kube.job("lost") is None
     assert state.daemons == {} and state.wakeups == {}
     assert reconciler.remembered() == set()

@@ -187,11 +187,11 @@ def kube(kind_namespace: Kube, kind_operator: OperatorProcess) -> Kube:
 
 
 def _api_calls(kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any]:
-    """Log in as the operator does (handlers.connection_info, Credentials.from_kopf) and make
+    """Log in as the operator does (cluster_login.connection_info, Credentials.from_kopf) and make
     two calls with its client: who am I, and a read."""
     import kopf
     import kubernetes.config.kube_config
-    from strategyjob_operator import handlers
+    from strategyjob_operator import cluster_login
     from strategyjob_operator.kube import Credentials, KubeApi
 
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
@@ -200,7 +200,7 @@ def _api_calls(kubeconfig: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, 
         kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig)
     )
     kwargs = {"settings": kopf.OperatorSettings(), "logger": logging.getLogger("test")}
-    info = handlers.connection_info(**kwargs)
+    info = cluster_login.connection_info(**kwargs)
     assert info is not None
     creds = Credentials.from_kopf(info)
 
@@ -249,17 +249,17 @@ def test_an_exec_plugins_token_is_used_and_fetched_again_when_refused(
     assert namespace is not None
 
     import kopf
-    from strategyjob_operator import handlers
+    from strategyjob_operator import cluster_login
     from strategyjob_operator.kube import KubeApi
 
     kwargs = {"settings": kopf.OperatorSettings(), "logger": logging.getLogger("test")}
     token_file.write_text("expired-token")
-    stale = handlers._credentials(kwargs)
+    stale = cluster_login.credentials(kwargs)
     token_file.write_text(cluster.cp.token)
     assert stale is not None and stale.token == "expired-token"
 
     async def call() -> dict[str, Any] | None:
-        api = KubeApi(stale, refresh=lambda: asyncio.to_thread(handlers._credentials, kwargs))
+        api = KubeApi(stale, refresh=lambda: asyncio.to_thread(cluster_login.credentials, kwargs))
         try:
             return await api.get("/api/v1/namespaces/default")
         finally:

@@ -10,13 +10,13 @@ from typing import Any
 
 from strategyjob_operator.kube import KubeApi
 from strategyjob_operator.metrics import Registry
-from strategyjob_operator.reconcile import (
+from strategyjob_operator.outcome import (
     BLOCKED_RETRY_SECONDS,
     REASON_NOT_CONTROLLED,
     REPLICA_FAILURE,
-    Reconciler,
     blocked_message,
 )
+from strategyjob_operator.reconcile import Reconciler
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 TEMPLATE = {"spec": {"containers": [{"name": "strategyjob", "image": "x"}]}}

@@ -12,10 +12,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import kopf
 import pytest
 import yaml
-from strategyjob_operator import handlers
+from strategyjob_operator import cluster_login, handlers
 from strategyjob_operator.__main__ import peering_priority
+from strategyjob_operator.state import OperatorState
 
 REPO = Path(__file__).resolve().parents[3]
 #: How long a failing operator may take to exit here, under load (it takes 1 to 3 s alone).
@@ -146,7 +148,7 @@ def test_a_bad_startup_seconds_setting_ends_the_operator_with_one_line(
 
 
 def test_a_login_that_fails_after_startup_stops_the_operator(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, operator_state: OperatorState
 ) -> None:
     """kopf waits forever for credentials when its login fails: the handler stops kopf and
     leaves the reason for ``__main__`` to print."""
@@ -154,10 +156,9 @@ def test_a_login_that_fails_after_startup_stops_the_operator(
     def broken(**_: object) -> None:
         raise FileNotFoundError(2, "No such file or directory", "/gone/kubeconfig")
 
-    monkeypatch.setattr(handlers, "STATE", handlers._State())
-    monkeypatch.setattr(handlers, "connection_info", broken)
-    with pytest.raises(handlers.kopf.PermanentError):
+    monkeypatch.setattr(cluster_login, "connection_info", broken)
+    with pytest.raises(kopf.PermanentError):
         handlers.login()
-    assert handlers.STATE.stop_flag.done()
-    assert handlers.STATE.fatal is not None
-    assert "Cannot use the cluster credentials" in handlers.STATE.fatal
+    assert operator_state.stop_flag.done()
+    assert operator_state.fatal is not None
+    assert "Cannot use the cluster credentials" in operator_state.fatal

@@ -11,10 +11,11 @@ from typing import Any
 import kopf
 import pytest
 from strategyjob_operator import constants as c
-from strategyjob_operator import handlers
+from strategyjob_operator import handlers, job_loop, state, stopping
 from strategyjob_operator.kube import ApiError
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.reconcile import JobGone, OperatorSettings, Reconciler
+from strategyjob_operator.state import OperatorState
 
 from tests.support.fake_api import FakeApi
 
@@ -66,14 +67,13 @@ class _Never:
 
 
 def _install(
-    monkeypatch: pytest.MonkeyPatch, reconciler: Any, settings: OperatorSettings | None = None
-) -> handlers._State:
-    """The handlers' module state, with ``reconciler`` (and ``settings``), for this test."""
-    state = handlers._State()
+    state: OperatorState, reconciler: Any, settings: OperatorSettings | None = None
+) -> OperatorState:
+    """The test's operator state (the ``operator_state`` fixture), with ``reconciler`` (and
+    ``settings``)."""
     if settings is not None:
         state.settings = settings
     state.reconciler = reconciler
-    monkeypatch.setattr(handlers, "STATE", state)
     return state
 
 
@@ -86,10 +86,10 @@ async def _until(what: str, predicate: Any, timeout: float = 10.0) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_jobs_daemon_ends_when_the_job_is_deleted_or_replaced_by_a_namesake(
-    monkeypatch: pytest.MonkeyPatch,
+    operator_state: OperatorState,
 ) -> None:
     reconciler = _Reconciler()
-    state = _install(monkeypatch, reconciler)
+    state = _install(operator_state, reconciler)
 
     async def scenario() -> None:
         first = asyncio.create_task(
@@ -153,7 +153,7 @@ def _job(uid: str) -> dict[str, Any]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_pass_that_reads_the_job_gone_ends_its_daemon_without_a_deleted_event(
-    monkeypatch: pytest.MonkeyPatch, how: str
+    operator_state: OperatorState, how: str
 ) -> None:
     """The watch missed the job's DELETED event: the next pass (a pod's event, a timer)
     reads it gone (404, or a namesake's uid) and the daemon ends, its state freed."""
@@ -161,7 +161,7 @@ def test_a_pass_that_reads_the_job_gone_ends_its_daemon_without_a_deleted_event(
     api.refuse = ApiError(403, "POST", "/api/v1/namespaces/ns/services", '{"message": "no"}')
     settings = OperatorSettings(metrics_port=None)
     reconciler = Reconciler(api, settings, registry=Registry())
-    state = _install(monkeypatch, reconciler, settings)
+    state = _install(operator_state, reconciler, settings)
 
     async def scenario() -> None:
         daemon = asyncio.create_task(
@@ -171,7 +171,7 @@ def test_a_pass_that_reads_the_job_gone_ends_its_daemon_without_a_deleted_event(
         await _until("a backoff", lambda: reconciler.remembered() == {("ns", "j", "u1")})
         assert not daemon.done()
         api.job = None if how == "deleted" else _job("u2")
-        handlers.wake("ns", "j")  # e.g. a pod's event; no DELETED event comes
+        job_loop.wake("ns", "j")  # e.g. a pod's event; no DELETED event comes
         await asyncio.wait_for(daemon, 10)
         assert state.daemons == {} and state.wakeups == {}
         assert reconciler.remembered() == set()
@@ -181,13 +181,13 @@ def test_a_pass_that_reads_the_job_gone_ends_its_daemon_without_a_deleted_event(
 
 @pytest.mark.timeout(60)
 def test_a_daemon_with_nothing_due_still_reads_its_job_now_and_then(
-    monkeypatch: pytest.MonkeyPatch,
+    operator_state: OperatorState,
 ) -> None:
     """A finished job's daemon has no timer and may get no event: it passes anyway every
     ``idle_check_seconds``, so a deletion whose event was lost ends it."""
     reconciler = _Reconciler()
     state = _install(
-        monkeypatch, reconciler, OperatorSettings(metrics_port=None, idle_check_seconds=0.2)
+        operator_state, reconciler, OperatorSettings(metrics_port=None, idle_check_seconds=0.2)
     )
 
     async def scenario() -> None:
@@ -200,3 +200,12 @@ def test_a_daemon_with_nothing_due_still_reads_its_job_now_and_then(
         assert state.daemons == {} and reconciler.forgotten == [("ns", "j", "u1")]
 
     asyncio.run(scenario())
+
+
+def test_an_installed_state_is_the_handlers_until_its_block_ends() -> None:
+    before = state.current()
+    with state.installed() as fresh:
+        assert state.current() is fresh and fresh is not before
+        stopping.give_up("the test stops its own operator state")
+        assert fresh.fatal == "the test stops its own operator state" and fresh.stop_flag.done()
+    assert state.current() is before and not before.stop_flag.done()

@@ -9,8 +9,10 @@ import logging
 from typing import Any
 
 import pytest
-from strategyjob_operator import handlers
+from strategyjob_operator import handlers, job_loop, stopping
 from strategyjob_operator.kube import ApiError
+from strategyjob_operator.reconcile import OperatorSettings
+from strategyjob_operator.state import OperatorState, installed
 
 FORBIDDEN = ApiError(
     403,
@@ -46,29 +48,28 @@ class _Never:
         return False
 
 
-def _state(monkeypatch: pytest.MonkeyPatch, reconciler: Any) -> handlers._State:
-    state = handlers._State()
+def _state(state: OperatorState, reconciler: Any) -> OperatorState:
+    """The test's operator state, with ``reconciler``."""
     state.reconciler = reconciler
-    monkeypatch.setattr(handlers, "STATE", state)
-    monkeypatch.setattr(handlers, "MAX_ERROR_BACKOFF", 0.05)  # the passes come fast here
+    state.settings = OperatorSettings(metrics_port=None, max_error_backoff=0.05)  # fast passes
     return state
 
 
 @pytest.mark.timeout(60)
 def test_passes_refused_with_403_stop_the_operator_with_one_line(
-    monkeypatch: pytest.MonkeyPatch,
+    operator_state: OperatorState,
 ) -> None:
     reconciler = _Refused(FORBIDDEN, ok=1)
-    state = _state(monkeypatch, reconciler)
+    state = _state(operator_state, reconciler)
     asyncio.run(_run_until_woken(state))
-    assert reconciler.passes == 1 + handlers.FORBIDDEN_PASSES
+    assert reconciler.passes == 1 + job_loop.FORBIDDEN_PASSES
     assert state.stop_flag.done() and state.fatal is not None
     assert "\n" not in state.fatal
     assert state.fatal.startswith("The API server forbids a request the operator needs (HTTP 403: ")
     assert 'cannot get resource "strategyjobs"' in state.fatal and "RBAC" in state.fatal
 
 
-async def _run_until_woken(state: handlers._State) -> None:
+async def _run_until_woken(state: OperatorState) -> None:
     """Run the job's daemon, waking it after each pass (as its pods' events would)."""
     daemon = asyncio.create_task(
         handlers.run_job(namespace="ns", name="j", uid="u", stopped=_Never())
@@ -76,15 +77,13 @@ async def _run_until_woken(state: handlers._State) -> None:
     deadline = asyncio.get_running_loop().time() + 30
     while not daemon.done():
         assert asyncio.get_running_loop().time() < deadline, "the daemon never ended"
-        handlers.wake("ns", "j")
+        job_loop.wake("ns", "j")
         await asyncio.sleep(0.01)
     await daemon
 
 
 @pytest.mark.timeout(60)
-def test_other_errors_and_403s_between_them_keep_the_loop_going(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_other_errors_and_403s_between_them_keep_the_loop_going() -> None:
     server_error = ApiError(500, "GET", "/x", "boom")
     # an admission webhook's 403 is about one object, not the operator's rights
     webhook = ApiError(403, "PATCH", "/x", '{"message": "admission webhook \\"v\\" denied it"}')
@@ -95,23 +94,24 @@ def test_other_errors_and_403s_between_them_keep_the_loop_going(
         (FORBIDDEN, ValueError("x")),
     ):
         reconciler = _Refused(*errors)
-        state = _state(monkeypatch, reconciler)
 
-        async def some_passes(state: handlers._State = state, r: _Refused = reconciler) -> None:
+        async def some_passes(state: OperatorState, r: _Refused = reconciler) -> None:
             daemon = asyncio.create_task(
                 handlers.run_job(namespace="ns", name="j", uid="u", stopped=_Never())
             )
             deadline = asyncio.get_running_loop().time() + 30
-            while r.passes < handlers.FORBIDDEN_PASSES + 2:
+            while r.passes < job_loop.FORBIDDEN_PASSES + 2:
                 assert asyncio.get_running_loop().time() < deadline, "too few passes"
-                handlers.wake("ns", "j")
+                job_loop.wake("ns", "j")
                 await asyncio.sleep(0.01)
             assert not daemon.done()
             state.daemons.clear()  # as on the job's DELETED event
-            handlers.wake("ns", "j")
+            job_loop.wake("ns", "j")
             await asyncio.wait_for(daemon, 10)
 
-        asyncio.run(some_passes())
+        with installed(OperatorState()) as state:  # a fresh one for each case
+            _state(state, reconciler)
+            asyncio.run(some_passes(state))
         assert state.fatal is None and not state.stop_flag.done(), errors
 
 
@@ -122,14 +122,14 @@ class _KopfForbidden(Exception):
 
 
 def test_a_watch_kopf_gives_up_on_with_403_stops_the_operator(
-    monkeypatch: pytest.MonkeyPatch,
+    operator_state: OperatorState,
 ) -> None:
-    state = _state(monkeypatch, None)
-    handlers.give_up_on_kopfs_forbidden_requests()
-    handlers.give_up_on_kopfs_forbidden_requests()  # once only
+    state = _state(operator_state, None)
+    stopping.give_up_on_kopfs_forbidden_requests()
+    stopping.give_up_on_kopfs_forbidden_requests()  # once only
     kopf_logger = logging.getLogger("kopf._core.reactor.orchestration")
     ours = [
-        h for h in logging.getLogger("kopf").handlers if isinstance(h, handlers._GiveUpOnForbidden)
+        h for h in logging.getLogger("kopf").handlers if isinstance(h, stopping.GiveUpOnForbidden)
     ]
     assert len(ours) == 1
     try:
@@ -158,3 +158,12 @@ def test_a_watch_kopf_gives_up_on_with_403_stops_the_operator(
     finally:
         for handler in ours:
             logging.getLogger("kopf").removeHandler(handler)
+
+
+def test_the_error_backoff_doubles_up_to_its_cap_however_long_the_passes_fail() -> None:
+    errors = job_loop.ErrorBackoff(60.0)
+    waits = [errors.backoff(ValueError("x")) for _ in range(2000)]  # a day and more
+    assert waits[:4] == [1.0, 2.0, 4.0, 8.0] and waits[-1] == 60.0
+    refused = job_loop.ErrorBackoff(60.0)
+    waits = [refused.backoff(FORBIDDEN) for _ in range(job_loop.FORBIDDEN_PASSES)]
+    assert waits[-1] is None and None not in waits[:-1]  # RBAC gone: the operator gives up

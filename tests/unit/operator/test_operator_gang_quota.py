@@ -16,6 +16,7 @@ from strategyjob_operator import decide, gang, handlers, quota
 from strategyjob_operator.kube import ApiError, KubeApi
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.reconcile import OperatorSettings, Reconciler
+from strategyjob_operator.state import OperatorState, installed
 
 from tests.support import manifests
 
@@ -649,7 +650,7 @@ def test_room_freed_while_a_pass_checks_ends_the_wait_that_pass_starts() -> None
 
 
 def test_a_quota_event_that_frees_room_wakes_the_waiting_jobs_loops(
-    monkeypatch: pytest.MonkeyPatch,
+    operator_state: OperatorState,
 ) -> None:
     class Waiters:
         def __init__(self) -> None:
@@ -659,9 +660,8 @@ def test_a_quota_event_that_frees_room_wakes_the_waiting_jobs_loops(
             self.calls.append(namespace)
             return ["j"]
 
-    state = handlers._State()
+    state = operator_state
     state.reconciler = waiters = Waiters()  # type: ignore[assignment]
-    monkeypatch.setattr(handlers, "STATE", state)
     loop = state.wakeups[("strategyjobs", "ns", "j")] = asyncio.Event()
 
     def event(type_: str | None, used: str) -> None:
@@ -694,8 +694,8 @@ def test_resource_quotas_are_watched_only_with_a_gang_scheduler(
     registry = kopf.OperatorRegistry()
     for scheduler, watched in (("", 0), ("volcano", 1), ("volcano", 1)):
         monkeypatch.setattr(kopf, "get_default_registry", lambda r=registry: r)
-        monkeypatch.setattr(handlers, "STATE", handlers._State())
         monkeypatch.setenv("STRATEGYJOB_GANG_SCHEDULER", scheduler)
-        asyncio.run(handlers.configure(settings=kopf.OperatorSettings()))
+        with installed():  # each startup with a fresh operator state
+            asyncio.run(handlers.configure(settings=kopf.OperatorSettings()))
         assert len(quota_selectors(registry)) == watched  # once, however often configured
         assert len(registry._watching.get_all_handlers()) == watched

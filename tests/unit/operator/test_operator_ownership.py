@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from strategyjob import jobspec
 from strategyjob_operator import constants as c
-from strategyjob_operator.handlers import jobs_to_wake
+from strategyjob_operator.job_loop import jobs_to_wake
 from strategyjob_operator.kube import ApiError, KubeApi
 from strategyjob_operator.metrics import Registry
 from strategyjob_operator.observe import left_by_earlier_job, observe
+from strategyjob_operator.outcome import status_patch
 from strategyjob_operator.reconcile import (
     DEFAULT_RESYNC_SECONDS,
     OperatorSettings,
     Reconciler,
-    status_patch,
 )
 from strategyjob_operator.settings import resync_seconds
 
