@@ -48,7 +48,7 @@ class OneDeviceExtended(_SingleReplicaExtendedMixin, StrategyExtended):
             self.container_strategy(), initial_value, device=self._device, **kwargs
         )
 
-    def _default_reduce_destination(self) -> torch.device:
+    def default_reduce_destination(self) -> torch.device:
         return self._device.torch_device
 
 

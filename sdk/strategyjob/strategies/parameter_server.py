@@ -423,10 +423,10 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         return True
 
     # --- input ------------------------------------------------------------------------------
-    def _experimental_distribute_dataset(self, dataset: Any, options: Any, *rest: Any) -> Any:
+    def distribute_dataset(self, dataset: Any, options: Any, *rest: Any) -> Any:
         return _PSDataset(lambda: dataset)
 
-    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
         from strategyjob.input import InputContext
 
         return _PSDataset(lambda: dataset_fn(InputContext(1, 0, 1)))

@@ -287,6 +287,25 @@ def test_copy_rules(mirrored: sj.MirroredStrategy) -> None:
         type(sj.get_strategy())()
 
 
+def test_deepcopy_shares_per_process_state_and_belongs_to_the_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TF_CONFIG", raising=False)  # local mode: one worker, no rendezvous
+    strategy = sj.MultiWorkerMirroredStrategy()
+    synchronizer = strategy.extended.gradient_synchronizer
+    clone = copy.deepcopy(strategy)
+    assert clone.extended.container_strategy() is clone
+    # shared: one cluster resolver and one set of collectives per process
+    assert clone.cluster_resolver is strategy.cluster_resolver
+    assert clone.extended.collectives is strategy.extended.collectives
+    # made again for the copy, on first use
+    assert clone.extended.gradient_synchronizer is not synchronizer
+    assert strategy.extended.gradient_synchronizer is synchronizer
+    assert clone.reduce("SUM", torch.tensor(2.0), axis=None).item() == 2.0
+    # the extended copied alone still belongs to the original strategy
+    assert copy.deepcopy(strategy.extended).container_strategy() is strategy
+
+
 @pytest.mark.parametrize(
     "program",
     [
