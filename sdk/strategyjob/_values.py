@@ -37,10 +37,10 @@ def _current_local_replica_id() -> int | None:
     update_id = _context.get_update_replica_id()
     if update_id is not None:
         return update_id
-    replica_context = _context.current_mode().replica_context
-    if replica_context is None or _context.is_default_strategy(replica_context.strategy):
+    mode = _context.current_mode()
+    if mode.replica_context is None or _context.is_default_strategy(mode.strategy):
         return None
-    return _context.local_replica_id(replica_context)
+    return mode.local_replica_id
 
 
 class DistributedValues:
@@ -106,8 +106,8 @@ class DistributedValues:
         distributed: DistributedValues = value  # its own ``_get``, which subclasses override
         return distributed._get()
 
-
-_context.register_distributed_value_type(DistributedValues)
+    # Each replica's collectives (``ReplicaContext.all_reduce``) take its component, too.
+    _context.register_replica_component(_unwrap)
 
 
 class PerReplica(DistributedValues):

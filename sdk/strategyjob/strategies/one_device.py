@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from strategyjob import _context
 from strategyjob._devices import LogicalDevice, canonicalize, require_local
 from strategyjob._values import select_replica
 from strategyjob.strategies.base import (
@@ -34,7 +33,7 @@ class OneDeviceExtended(_SingleReplicaExtendedMixin, StrategyExtended):
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         context = self._make_replica_context(0)
         args, kwargs = select_replica(0, args), select_replica(0, kwargs)
-        with _context.enter_mode(_context.replica_mode(context)):
+        with context:
             if self._device.device_type == "cuda":
                 with torch.cuda.device(self._device.torch_device):
                     return fn(*args, **kwargs)

@@ -49,7 +49,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.overrides import TorchFunctionMode
 
-from strategyjob import _context, _names, _nest
+from strategyjob import _names, _nest
 from strategyjob._devices import LogicalDevice
 from strategyjob._values import regroup, select_replica
 from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolver, multi_worker_util
@@ -536,7 +536,7 @@ class TPUExtended(StrategyExtended):
             else nullcontext()
         )
         with (
-            _context.enter_mode(_context.replica_mode(context)),
+            context,
             implicit_replication(),
             one_mesh,
             warnings.catch_warnings(),

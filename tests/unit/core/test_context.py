@@ -126,6 +126,28 @@ def test_replica_context_as_context_manager(mirrored: sj.MirroredStrategy) -> No
     assert not sj.has_strategy()
 
 
+def test_current_local_replica_id_per_mode(mirrored: sj.MirroredStrategy) -> None:
+    assert _context.current_local_replica_id() == 0  # the default replica
+    seen = mirrored.run(lambda: _context.current_local_replica_id())
+    assert mirrored.experimental_local_results(seen) == (0, 1)
+    with mirrored.scope():
+        assert _context.current_local_replica_id() is None  # cross-replica
+    with sj.ReplicaContext(mirrored, 1):
+        assert _context.current_local_replica_id() == 1
+
+
+def test_merge_routes_end_with_the_run(mirrored: sj.MirroredStrategy) -> None:
+    contexts = []
+
+    def fn() -> torch.Tensor:
+        contexts.append(sj.get_replica_context())
+        return sj.get_replica_context().all_reduce("SUM", torch.ones(1))
+
+    summed = mirrored.run(fn)
+    assert [t.item() for t in mirrored.experimental_local_results(summed)] == [2.0, 2.0]
+    assert len(contexts) == 2 and not any(c in _context._merge_routes for c in contexts)
+
+
 # --- scope nesting, §1.2 ------------------------------------------------------------------------
 
 
