@@ -31,6 +31,7 @@ from strategyjob._values import (
     Mirrored,
     PerReplica,
     ValueContext,
+    container_of,
     is_distributed_variable,
     regroup,
     select_replica,
@@ -397,8 +398,7 @@ class StrategyExtended:
 
     def value_container(self, value: Any) -> Any:
         """The distributed variable that ``value`` is a component of, else ``value``."""
-        getter = getattr(value, "_distributed_container", None)
-        container = getter() if callable(getter) else None
+        container = container_of(value)
         return container if container is not None else value
 
     @contextlib.contextmanager
