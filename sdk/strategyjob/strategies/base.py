@@ -239,18 +239,18 @@ class StrategyExtended:
 
     Hooks a concrete strategy sets or overrides: ``_logical_devices`` (one ``LogicalDevice``
     per local replica), ``_num_workers``, ``_worker_index``, ``collectives``,
-    ``_create_variable``, ``register_parameter``, ``_call_for_each_replica``.
+    ``create_variable``, ``register_parameter``, ``_call_for_each_replica``.
 
     What the modules around a strategy may ask of its ``extended`` is declared here, without
     underscores: ``topology``, ``collectives``, ``gradient_synchronizer``,
     ``adopts_parameters`` / ``register_parameter`` (``collective.grad_sync``'s
-    ``SynchronizedExtended``) and ``container_strategy()``; a strategy that keeps optimizer
-    state elsewhere also implements :class:`HoldsOptimizerSlots`. What the ``Strategy``
-    facade asks of it (not TF API: TF's Strategy reads underscored hooks) is declared too:
-    ``cluster_resolver``, ``local_results``, ``reduce_to_default``,
-    ``default_reduce_destination``, ``gather_to``, ``distribute_values_from_function``,
-    ``distribute_dataset`` and ``distribute_datasets_from_function``; concrete strategies
-    override these.
+    ``SynchronizedExtended``), ``create_variable`` (``strategyjob.Variable`` in scope) and
+    ``container_strategy()``; a strategy that keeps optimizer state elsewhere also implements
+    :class:`HoldsOptimizerSlots`. What the ``Strategy`` facade asks of it (not TF API: TF's
+    Strategy reads underscored hooks) is declared too: ``cluster_resolver``, ``local_results``,
+    ``reduce_to_default``, ``default_reduce_destination``, ``gather_to``,
+    ``distribute_values_from_function``, ``distribute_dataset`` and
+    ``distribute_datasets_from_function``; concrete strategies override these.
 
     ``collectives`` is the strategy's :class:`~strategyjob.collective.backend.CollectiveBackend`:
     every operation between workers (reductions, gathers, broadcasts of the chief's values,
@@ -358,7 +358,7 @@ class StrategyExtended:
         grad_sync.scope_exited()
 
     # --- variables and parameters ---------------------------------------------------------
-    def _create_variable(
+    def create_variable(
         self,
         initial_value: Any,
         *,
@@ -367,6 +367,8 @@ class StrategyExtended:
         synchronization: Any = None,
         aggregation: Any = None,
     ) -> Any:
+        """What ``strategyjob.Variable(...)`` made in this strategy's scope becomes: the
+        strategy's kind of variable (each strategy overrides this)."""
         from strategyjob import _variables
 
         return _variables.create_distributed_variable(
@@ -962,7 +964,7 @@ class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended
         with _context.ReplicaContext(self.container_strategy(), 0, _local_replica_id=0):
             return fn(*args, **kwargs)
 
-    def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
         from strategyjob import _variables
 
         kwargs = {k: v for k, v in kwargs.items() if v is not None}

@@ -53,7 +53,7 @@ class CentralStorageExtended(MirroredExtended):
         )
 
     # --- variables --------------------------------------------------------------------------
-    def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         strategy = self.container_strategy()
         if len(self._logical_devices) > 1:

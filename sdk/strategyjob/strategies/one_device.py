@@ -39,7 +39,7 @@ class OneDeviceExtended(_SingleReplicaExtendedMixin, StrategyExtended):
                     return fn(*args, **kwargs)
             return fn(*args, **kwargs)
 
-    def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
         from strategyjob import _variables
 
         kwargs = {k: v for k, v in kwargs.items() if v is not None}

@@ -150,7 +150,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             return 1
         return num_partitions(self._variable_partitioner, shape, dtype)
 
-    def _create_variable(
+    def create_variable(
         self,
         initial_value: Any,
         *,
