@@ -100,9 +100,9 @@ _IN_PLACE_OPERATORS = frozenset(
 #: stay the very tensors of the autograd graph.
 _NOT_OPERATIONS = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
 #: How DTensor waits for its collectives: one blocking call, watched (``collective.watchdog``).
-# (torch's functional collectives have no public name for it.)
+#: torch gives that op of its functional collectives no public name.
 _WAIT_TENSOR = (
-    torch.ops._c10d_functional.wait_tensor,  # noqa: SLF001  (DTensor's wait op)
+    torch.ops._c10d_functional.wait_tensor,  # noqa: SLF001  (torch's; see above)
     torch.ops._c10d_functional.wait_tensor.default,  # noqa: SLF001  (its overload)
 )
 
