@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -23,6 +24,7 @@ __all__ = [
     "Mode",
     "ReplicaContext",
     "UpdateContext",
+    "current_local_replica_id",
     "current_mode",
     "enter_mode",
     "experimental_set_strategy",
@@ -89,6 +91,9 @@ class Mode(NamedTuple):
     strategy: Any
     cross_replica_context: Any
     replica_context: ReplicaContext | None
+    #: In replica mode, the replica's index among this process's replicas: the component of a
+    #: distributed value it reads and updates (``_values``, ``_variables``).
+    local_replica_id: int | None = None
 
 
 class _ThreadState(threading.local):
@@ -131,12 +136,13 @@ def _default_replica_mode() -> Mode:
         with _default_mode_lock:
             if _default_mode is None:
                 strategy = _default_strategy()
-                _default_mode = Mode(strategy, None, _DefaultReplicaContext(strategy))
+                _default_mode = Mode(strategy, None, _DefaultReplicaContext(strategy), 0)
     return _default_mode
 
 
 def is_default_strategy(strategy: Any) -> bool:
-    return getattr(strategy, "_is_default_strategy", False) is True
+    """Whether ``strategy`` is the one in effect when no other is (there is one)."""
+    return strategy is _default_replica_mode().strategy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,10 +185,6 @@ def cross_replica_mode(strategy: Any) -> Mode:
     return Mode(strategy, strategy, None)
 
 
-def replica_mode(replica_context: ReplicaContext) -> Mode:
-    return Mode(replica_context.strategy, None, replica_context)
-
-
 # ---------------------------------------------------------------------------------------------
 # Public queries
 
@@ -195,6 +197,11 @@ def get_strategy() -> ContextStrategy:
 def has_strategy() -> bool:
     """Whether a strategy other than the default one is current."""
     return not is_default_strategy(get_strategy())
+
+
+def current_local_replica_id() -> int | None:
+    """The current replica's index among this process's replicas; None in cross-replica mode."""
+    return current_mode().local_replica_id
 
 
 def in_cross_replica_context() -> bool:
@@ -418,8 +425,6 @@ class ReplicaContext:
             local_count = len(strategy.extended.topology.local_devices) or 1
             _local_replica_id = self._replica_id % local_count
         self._local_replica_id = _local_replica_id
-        # Set by the thread group of a multi-replica run; None means merge_call runs inline.
-        self._merge_channel: MergeChannel | None = None
         self._entered: list[Mode] = []
 
     # --- properties -----------------------------------------------------------------------
@@ -446,7 +451,8 @@ class ReplicaContext:
 
     # --- entering the context directly ----------------------------------------------------
     def __enter__(self) -> ReplicaContext:
-        mode = replica_mode(self)
+        """Replica mode of this context for the current thread (how a strategy runs a replica)."""
+        mode = Mode(self._strategy, None, self, self._local_replica_id)
         push_mode(mode)
         self._entered.append(mode)
         return self
@@ -470,8 +476,9 @@ class ReplicaContext:
         return self._merge_call(merge_fn, tuple(args), dict(kwargs or {}))
 
     def _merge_call(self, merge_fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if self._merge_channel is not None:
-            return self._merge_channel.merge_call(self._local_replica_id, merge_fn, args, kwargs)
+        channel = _merge_routes.get(self)
+        if channel is not None:
+            return channel.merge_call(self._local_replica_id, merge_fn, args, kwargs)
         with enter_mode(cross_replica_mode(self._strategy)):
             return merge_fn(self._strategy, *args, **kwargs)
 
@@ -487,7 +494,7 @@ class ReplicaContext:
         flat = [_replica_tensor(leaf) for leaf in _nest.flatten(value)]
         require_replica_context(self)
         if _needs_grad(flat) and self.num_replicas_in_sync > 1:
-            reduced = _AllReduceWithGrad.apply(self, reduce_op, options, *flat)
+            reduced = _AllReduceWithGrad.apply(self._exchange(), reduce_op, options, *flat)
         else:
             reduced = self._all_reduce_flat(reduce_op, flat, options)
         return _nest.pack_sequence_as(value, list(reduced))
@@ -511,7 +518,7 @@ class ReplicaContext:
                 raise NotImplementedError("all_gather does not support IndexedSlices")
         require_replica_context(self)
         if _needs_grad(flat) and self.num_replicas_in_sync > 1:
-            gathered = _AllGatherWithGrad.apply(self, axis, options, *flat)
+            gathered = _AllGatherWithGrad.apply(self._exchange(), axis, options, *flat)
         else:
             gathered = self._all_gather_flat(flat, axis, options)
         return _nest.pack_sequence_as(value, list(gathered))
@@ -521,6 +528,9 @@ class ReplicaContext:
             return strategy.extended.batch_all_gather(list(flat_values), axis, options)
 
         return list(self._merge_call(batch_all_gather, tuple(flat), {}))
+
+    def _exchange(self) -> _Exchange:
+        return _Exchange(self._all_reduce_flat, self._all_gather_flat, self._replica_id)
 
     def __repr__(self) -> str:
         return (
@@ -542,20 +552,36 @@ def _replica_tensor(leaf: Any) -> Any:
     read = getattr(leaf, "read_value", None)
     if callable(read):
         return read()
-    if isinstance(leaf, _distributed_value_types):
-        return _replica_tensor(leaf._get())
+    component = _replica_component(leaf)
+    if component is not leaf:
+        return _replica_tensor(component)
     return torch.tensor(leaf)
 
 
-# ``DistributedValues``, which ``_values`` (a layer under this one) registers when it loads: no
-# such value can exist before.
-_distributed_value_types: tuple[type, ...] = ()
+def _no_distributed_values(leaf: Any) -> Any:
+    return leaf
 
 
-def register_distributed_value_type(cls: type) -> None:
-    """Values of ``cls`` give each replica its own component (``cls._get()``) in collectives."""
-    global _distributed_value_types
-    _distributed_value_types = (*_distributed_value_types, cls)
+# A distributed value's component for the current replica (else the value itself), which
+# ``_values`` (a layer above this one) hands over when it loads: no such value exists before.
+_replica_component: Callable[[Any], Any] = _no_distributed_values
+
+
+def register_replica_component(component: Callable[[Any], Any]) -> None:
+    """``component(value)``: a distributed value's component for the current context, any other
+    value as is; collectives (``all_reduce``, ``all_gather``) take each replica's so."""
+    global _replica_component
+    _replica_component = component
+
+
+class _Exchange(NamedTuple):
+    """What the differentiable collectives need of their replica's context, in forward and in
+    backward (which autograd may run on another thread): its flat reduction and gather (through
+    ``merge_call``, without the current-context check) and its global replica id."""
+
+    all_reduce_flat: Callable[[ReduceOp, list, Any], list]
+    all_gather_flat: Callable[[list, int, Any], list]
+    replica_id: int
 
 
 def _needs_grad(flat: list) -> bool:
@@ -570,11 +596,11 @@ class _AllReduceWithGrad(torch.autograd.Function):
     """All-reduce whose backward all-reduces the upstream gradients with the same op."""
 
     @staticmethod
-    def forward(ctx: Any, replica_ctx: ReplicaContext, reduce_op: ReduceOp, options: Any, *flat):
-        ctx.replica_ctx, ctx.reduce_op, ctx.options = replica_ctx, reduce_op, options
+    def forward(ctx: Any, exchange: _Exchange, reduce_op: ReduceOp, options: Any, *flat):
+        ctx.exchange, ctx.reduce_op, ctx.options = exchange, reduce_op, options
         ctx.like = [(t.shape, t.dtype, t.device) for t in flat]
         with torch.no_grad():
-            reduced = replica_ctx._all_reduce_flat(reduce_op, [t.detach() for t in flat], options)
+            reduced = exchange.all_reduce_flat(reduce_op, [t.detach() for t in flat], options)
         return tuple(reduced)
 
     @staticmethod
@@ -585,7 +611,7 @@ class _AllReduceWithGrad(torch.autograd.Function):
             for g, (shape, dtype, device) in zip(grads, ctx.like)
         ]
         with torch.no_grad():
-            reduced = ctx.replica_ctx._all_reduce_flat(ctx.reduce_op, filled, ctx.options)
+            reduced = ctx.exchange.all_reduce_flat(ctx.reduce_op, filled, ctx.options)
         return (None, None, None, *reduced)
 
 
@@ -593,16 +619,16 @@ class _AllGatherWithGrad(torch.autograd.Function):
     """All-gather whose backward takes this replica's slice of the all-SUMmed gradient."""
 
     @staticmethod
-    def forward(ctx: Any, replica_ctx: ReplicaContext, axis: int, options: Any, *flat):
-        ctx.replica_ctx, ctx.options = replica_ctx, options
+    def forward(ctx: Any, exchange: _Exchange, axis: int, options: Any, *flat):
+        ctx.exchange, ctx.options = exchange, options
         ctx.like = [(t.dtype, t.device) for t in flat]
         with torch.no_grad():
-            gathered = replica_ctx._all_gather_flat([t.detach() for t in flat], axis, options)
+            gathered = exchange.all_gather_flat([t.detach() for t in flat], axis, options)
             # Where this replica's rows sit: every replica's length along `axis`, in id order.
             dims = [axis % t.dim() if t.dim() else 0 for t in flat]
             lengths = torch.tensor([[t.shape[d]] for t, d in zip(flat, dims)], dtype=torch.int64)
-            all_lengths = replica_ctx._all_gather_flat([lengths], 1, options)[0]
-        offsets = all_lengths[:, : replica_ctx._replica_id].sum(dim=1).tolist()
+            all_lengths = exchange.all_gather_flat([lengths], 1, options)[0]
+        offsets = all_lengths[:, : exchange.replica_id].sum(dim=1).tolist()
         ctx.segments = [(d, o, t.shape[d]) for t, d, o in zip(flat, dims, offsets)]
         ctx.shapes = [g.shape for g in gathered]
         return tuple(gathered)
@@ -614,21 +640,23 @@ class _AllGatherWithGrad(torch.autograd.Function):
             for g, shape, (dtype, device) in zip(grads, ctx.shapes, ctx.like)
         ]
         with torch.no_grad():
-            summed = ctx.replica_ctx._all_reduce_flat(ReduceOp.SUM, filled, ctx.options)
+            summed = ctx.exchange.all_reduce_flat(ReduceOp.SUM, filled, ctx.options)
         pieces = [g.narrow(d, o, n) for g, (d, o, n) in zip(summed, ctx.segments)]
         return (None, None, None, *pieces)
 
 
-def local_replica_id(context: ReplicaContext) -> int:
-    """``context``'s index among this process's replicas: the component of a distributed
-    value (``_values``, ``_variables``) it reads and updates."""
-    return context._local_replica_id
+# Where each replica context of a multi-replica run sends its merge calls (kept here, by the
+# module that routes them, rather than on the user-visible context); not listed: inline.
+_merge_routes: weakref.WeakKeyDictionary[ReplicaContext, MergeChannel] = weakref.WeakKeyDictionary()
 
 
 def route_merge_calls(context: ReplicaContext, channel: MergeChannel | None) -> None:
     """Route ``context``'s ``merge_call`` through ``channel`` (the thread group of a
     multi-replica run, ``collective/local.py``); None: it runs inline again."""
-    context._merge_channel = channel
+    if channel is None:
+        _merge_routes.pop(context, None)
+    else:
+        _merge_routes[context] = channel
 
 
 class _DefaultReplicaContext(ReplicaContext):

@@ -19,6 +19,7 @@ __all__ = [
     "Mirrored",
     "PerReplica",
     "ValueContext",
+    "container_of",
     "is_distributed_variable",
     "register_variable_types",
     "regroup",
@@ -37,10 +38,10 @@ def _current_local_replica_id() -> int | None:
     update_id = _context.get_update_replica_id()
     if update_id is not None:
         return update_id
-    replica_context = _context.current_mode().replica_context
-    if replica_context is None or _context.is_default_strategy(replica_context.strategy):
+    mode = _context.current_mode()
+    if mode.replica_context is None or _context.is_default_strategy(mode.strategy):
         return None
-    return _context.local_replica_id(replica_context)
+    return mode.local_replica_id
 
 
 class DistributedValues:
@@ -106,8 +107,8 @@ class DistributedValues:
         distributed: DistributedValues = value  # its own ``_get``, which subclasses override
         return distributed._get()
 
-
-_context.register_distributed_value_type(DistributedValues)
+    # Each replica's collectives (``ReplicaContext.all_reduce``) take its component, too.
+    _context.register_replica_component(_unwrap)
 
 
 class PerReplica(DistributedValues):
@@ -263,8 +264,9 @@ def is_distributed_variable(value: Any) -> bool:
     return isinstance(value, _distributed_variable_types)
 
 
-def _container_of(value: Any) -> Any:
-    """The distributed variable a component belongs to, or None."""
+def container_of(value: Any) -> Any:
+    """The distributed variable a component belongs to, or None (``extended.value_container``
+    and :func:`regroup` ask)."""
     kind = type(value)  # by class: to isinstance, every kind of variable is a Variable (as in TF)
     if not issubclass(kind, _component_types):
         return None
@@ -320,10 +322,10 @@ def regroup(
     same_object = all(v is v0 for v in values[1:])
     if same_object and is_distributed_variable(v0):
         return v0
-    container = _container_of(v0)
+    container = container_of(v0)
     if same_object and not always_wrap and container is None:
         return v0
-    if container is not None and all(_container_of(v) is container for v in values[1:]):
+    if container is not None and all(container_of(v) is container for v in values[1:]):
         return container
     return wrap_class(values)
 

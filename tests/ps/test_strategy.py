@@ -92,6 +92,23 @@ def test_round_robin_placement_with_shards(strategy):
     assert strategy.extended.parameter_devices == (ps(0), ps(1))
 
 
+def test_colocate_with_a_variable_and_not_with_a_local_one(strategy):
+    local = strategyjob.Variable(1.0, name="local")  # outside the scope: not on a ps
+    with strategy.scope():
+        strategyjob.Variable(1.0, name="first")  # ps 0
+        second = strategyjob.Variable(1.0, name="second")  # ps 1
+        with strategy.extended.colocate_vars_with(second):
+            beside = strategyjob.Variable(torch.zeros(9, 1), name="beside")  # never partitioned
+        with strategy.extended.colocate_vars_with(local), pytest.raises(ValueError) as err:
+            strategyjob.Variable(1.0, name="nowhere")
+    assert not isinstance(beside, ShardedVariable) and beside.device == second.device == ps(1)
+    assert str(err.value) == (
+        "colocate_vars_with needs a variable on a parameter server, got one on "
+        "/job:localhost/replica:0/task:0/device:CPU:0; pass a variable created in this "
+        "ParameterServerStrategy's scope."
+    )
+
+
 def test_variables_on_ps_read_write_lookup(strategy):
     with strategy.scope():
         b = strategyjob.Variable(torch.arange(13.0).reshape(13, 1), name="b")

@@ -52,7 +52,7 @@ def _create_in_scope(
     # ``device`` is ignored in a strategy's scope: the strategy places every variable.
     if dtype is not None:
         initial_value = _initial_tensor(initial_value, dtype)
-    return strategy.extended._create_variable(
+    return strategy.extended.create_variable(
         initial_value,
         trainable=trainable,
         name=name,

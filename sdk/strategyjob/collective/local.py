@@ -178,7 +178,7 @@ def _replica_main(
     try:
         group.start(replica)
         with (
-            _context.enter_mode(_context.replica_mode(context)),
+            context,
             torch.set_grad_enabled(grad_enabled),
         ):
             if device is not None and device.type == "cuda":

@@ -31,6 +31,7 @@ from strategyjob._values import (
     Mirrored,
     PerReplica,
     ValueContext,
+    container_of,
     is_distributed_variable,
     regroup,
     select_replica,
@@ -152,6 +153,15 @@ def _check_gatherable(tensor: torch.Tensor, axis: int, what: str) -> int:
     return axis % rank
 
 
+def _map_local(topology: Topology, fn: Callable[[Any], Any], value: Any) -> Any:
+    """``run(fn, args=(value,))`` without threads, for elementwise per-replica helpers."""
+    if isinstance(value, DistributedValues):
+        results = [fn(c) for c in value.values]
+    else:
+        results = [fn(value) for _ in topology.local_devices]
+    return regroup(results)
+
+
 def _is_mirrored(value: Any) -> bool:
     """``Mirrored`` or a MirroredVariable (whose components are always equal)."""
     if isinstance(value, Mirrored):
@@ -229,13 +239,18 @@ class StrategyExtended:
 
     Hooks a concrete strategy sets or overrides: ``_logical_devices`` (one ``LogicalDevice``
     per local replica), ``_num_workers``, ``_worker_index``, ``collectives``,
-    ``_create_variable``, ``register_parameter``, ``_call_for_each_replica``.
+    ``create_variable``, ``register_parameter``, ``_call_for_each_replica``.
 
     What the modules around a strategy may ask of its ``extended`` is declared here, without
     underscores: ``topology``, ``collectives``, ``gradient_synchronizer``,
     ``adopts_parameters`` / ``register_parameter`` (``collective.grad_sync``'s
-    ``SynchronizedExtended``) and ``container_strategy()``; a strategy that keeps optimizer
-    state elsewhere also implements :class:`HoldsOptimizerSlots`.
+    ``SynchronizedExtended``), ``create_variable`` (``strategyjob.Variable`` in scope) and
+    ``container_strategy()``; a strategy that keeps optimizer state elsewhere also implements
+    :class:`HoldsOptimizerSlots`. What the ``Strategy`` facade asks of it (not TF API: TF's
+    Strategy reads underscored hooks) is declared too: ``cluster_resolver``, ``local_results``,
+    ``reduce_to_default``, ``default_reduce_destination``, ``gather_to``,
+    ``distribute_values_from_function``, ``distribute_dataset`` and
+    ``distribute_datasets_from_function``; concrete strategies override these.
 
     ``collectives`` is the strategy's :class:`~strategyjob.collective.backend.CollectiveBackend`:
     every operation between workers (reductions, gathers, broadcasts of the chief's values,
@@ -254,6 +269,28 @@ class StrategyExtended:
         self.collectives: CollectiveBackend = IN_PROCESS
         self._gradient_synchronizer: grad_sync.GradientSynchronizer | None = None
 
+    #: Attributes that a deep copy shares with the original (per-process state: process groups,
+    #: meshes, the cluster resolver) and those it starts without (None: made again on use).
+    _shared_when_copied: frozenset[str] = frozenset()
+    _reset_when_copied: frozenset[str] = frozenset()
+
+    def __deepcopy__(self, memo: dict) -> StrategyExtended:
+        """A copy of the other attributes; copied along with its strategy (``Strategy.
+        __deepcopy__`` puts the strategy's copy in ``memo`` first), it belongs to that copy."""
+        cls = type(self)
+        result: StrategyExtended = cls.__new__(cls)
+        memo[id(self)] = result
+        for key, value in self.__dict__.items():
+            if key in self._reset_when_copied:
+                value = None
+            elif key not in self._shared_when_copied:
+                value = copy.deepcopy(value, memo)
+            result.__dict__[key] = value
+        strategy = self._container_strategy_weakref()
+        if strategy is not None and id(strategy) in memo:
+            result._container_strategy_weakref = weakref.ref(memo[id(strategy)])
+        return result
+
     def container_strategy(self) -> Strategy:
         strategy = self._container_strategy_weakref()
         if strategy is None:
@@ -262,6 +299,11 @@ class StrategyExtended:
                 "to the strategy object while using its `extended`."
             )
         return strategy
+
+    @property
+    def cluster_resolver(self) -> Any:
+        """What ``Strategy.cluster_resolver`` returns (None for single-worker strategies)."""
+        return self._cluster_resolver
 
     # --- topology hooks -------------------------------------------------------------------
     @property
@@ -303,9 +345,6 @@ class StrategyExtended:
         return (InputWorker(self._input_host().torch_device, self._local_devices),)
 
     # --- scope hooks ------------------------------------------------------------------------
-    def _scope(self, strategy: Strategy) -> Any:
-        return _context.CrossReplicaScope(strategy)
-
     def on_scope_entered(self) -> None:
         """Runs when this strategy's scope is entered (not on re-entry)."""
         for check in _scope_entry_checks:
@@ -319,7 +358,7 @@ class StrategyExtended:
         grad_sync.scope_exited()
 
     # --- variables and parameters ---------------------------------------------------------
-    def _create_variable(
+    def create_variable(
         self,
         initial_value: Any,
         *,
@@ -328,6 +367,8 @@ class StrategyExtended:
         synchronization: Any = None,
         aggregation: Any = None,
     ) -> Any:
+        """What ``strategyjob.Variable(...)`` made in this strategy's scope becomes: the
+        strategy's kind of variable (each strategy overrides this)."""
         from strategyjob import _variables
 
         return _variables.create_distributed_variable(
@@ -359,8 +400,7 @@ class StrategyExtended:
 
     def value_container(self, value: Any) -> Any:
         """The distributed variable that ``value`` is a component of, else ``value``."""
-        getter = getattr(value, "_distributed_container", None)
-        container = getter() if callable(getter) else None
+        container = container_of(value)
         return container if container is not None else value
 
     @contextlib.contextmanager
@@ -398,9 +438,8 @@ class StrategyExtended:
     # --- input distribution (strategyjob.input reads the hooks above) ----------------------
     _rebatch = True  # split global batches across replicas
 
-    def _experimental_distribute_dataset(
-        self, dataset: Any, options: Any, auto_shard_policy: Any
-    ) -> Any:
+    def distribute_dataset(self, dataset: Any, options: Any, auto_shard_policy: Any) -> Any:
+        """What ``Strategy.experimental_distribute_dataset`` returns for ``dataset``."""
         return distribute_dataset(
             dataset,
             extended=self,
@@ -409,7 +448,8 @@ class StrategyExtended:
             rebatch=self._rebatch,
         )
 
-    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+        """What ``Strategy.distribute_datasets_from_function`` returns for ``dataset_fn``."""
         return distribute_datasets_from_function(dataset_fn, extended=self, options=options)
 
     # --- running replicas -----------------------------------------------------------------
@@ -434,7 +474,7 @@ class StrategyExtended:
         )
 
     # --- local results and values ---------------------------------------------------------
-    def _local_results(self, value: Any) -> tuple:
+    def local_results(self, value: Any) -> tuple:
         """One entry per local replica. A nest (list, tuple, dict), with or without distributed
         values, gives one copy per replica, as TF 2.21 does (``{"a": 1.0}`` under 2 replicas:
         two dicts); a single plain value gives ``(value,)``."""
@@ -450,21 +490,14 @@ class StrategyExtended:
             )
         return (value,)
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+        """``Strategy.experimental_distribute_values_from_function``: one value per replica."""
         topology = self.topology
         results = [
             value_fn(ValueContext(topology.global_replica_id(i), topology.num_replicas_in_sync))
             for i in range(len(topology.local_devices))
         ]
         return regroup(results, always_wrap=True)
-
-    def _map_local(self, fn: Callable[[Any], Any], value: Any) -> Any:
-        """``run(fn, args=(value,))`` without threads, for elementwise per-replica helpers."""
-        if isinstance(value, DistributedValues):
-            results = [fn(c) for c in value.values]
-        else:
-            results = [fn(value) for _ in self._logical_devices]
-        return regroup(results)
 
     # --- reductions: the single path of every cross-replica reduction ----------------------
     def _all_reduce_flat(
@@ -488,7 +521,8 @@ class StrategyExtended:
             summed = [_divide(t, count) for t in summed]
         return list(summed)
 
-    def _default_reduce_destination(self) -> torch.device:
+    def default_reduce_destination(self) -> torch.device:
+        """Where ``Strategy.reduce`` and ``Strategy.gather`` put their result."""
         return self._input_host().torch_device
 
     def _place_on(self, destinations: Any, tensor: Any) -> Any:
@@ -631,10 +665,10 @@ class StrategyExtended:
             )
         return self._place_on(destinations, value)
 
-    def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
+    def reduce_to_default(self, reduce_op: ReduceOp, value: Any) -> Any:
         """Reduce to one value on the default destination (what ``Strategy.reduce`` returns)."""
-        reduced = self.reduce_to(reduce_op, value, self._default_reduce_destination())
-        return self._local_results(reduced)[0]
+        reduced = self.reduce_to(reduce_op, value, self.default_reduce_destination())
+        return self.local_results(reduced)[0]
 
     def batch_all_reduce(self, reduce_op: ReduceOp, values: list, options: Any) -> list:
         """The merge function of ``ReplicaContext.all_reduce``: each replica gets a copy."""
@@ -642,7 +676,9 @@ class StrategyExtended:
         return self.batch_reduce_to(reduce_op, pairs, options)
 
     # --- gathers ----------------------------------------------------------------------------
-    def _gather_to(self, value: Any, destinations: Any, axis: int, options: Any = None) -> Any:
+    def gather_to(self, value: Any, destinations: Any, axis: int, options: Any = None) -> Any:
+        """The replicas' components of ``value`` concatenated along ``axis``, on
+        ``destinations`` (``Strategy.gather``; ``value`` itself: ``all_gather``)."""
         what = "all_gather" if destinations is value else "gather"
         if isinstance(value, DistributedValues):
             tensors = [_to_tensor(c) for c in value.values]
@@ -661,7 +697,7 @@ class StrategyExtended:
 
     def batch_all_gather(self, values: list, axis: int, options: Any) -> list:
         """The merge function of ``ReplicaContext.all_gather``: each replica gets a copy."""
-        return [self._gather_to(v, v, axis, options) for v in values]
+        return [self.gather_to(v, v, axis, options) for v in values]
 
     # --- updates and broadcasts -------------------------------------------------------------
     def update(
@@ -751,12 +787,12 @@ class Strategy:
     @property
     def cluster_resolver(self) -> Any:
         """The cluster resolver of this strategy (None for single-worker strategies)."""
-        return self._extended._cluster_resolver
+        return self._extended.cluster_resolver
 
     # --- scope and run ----------------------------------------------------------------------
     def scope(self) -> Any:
         """Context manager making this strategy current (for variable and model creation)."""
-        return self._extended._scope(self)
+        return _context.CrossReplicaScope(self)
 
     def run(
         self,
@@ -799,19 +835,18 @@ class Strategy:
         _context.require_cross_replica_or_default_context_extended(self._extended)
         extended = self._extended
         if axis is None:
-            return extended._reduce(reduce_op, value)
+            return extended.reduce_to_default(reduce_op, value)
         axes = _normalize_axes(axis)
         if _is_distributed_nest(value):
             return _nest.map_structure(lambda leaf: self.reduce(reduce_op, leaf, axes), value)
-        if reduce_op == ReduceOp.SUM:
-            return extended._reduce(
-                ReduceOp.SUM, extended._map_local(lambda v: _sum_over(v, axes), value)
-            )
-        numerator = extended._reduce(
-            ReduceOp.SUM, extended._map_local(lambda v: _sum_over(v, axes), value)
+        topology = extended.topology
+        numerator = extended.reduce_to_default(
+            ReduceOp.SUM, _map_local(topology, lambda v: _sum_over(v, axes), value)
         )
-        denominator = extended._reduce(
-            ReduceOp.SUM, extended._map_local(lambda v: _count_over(v, axes), value)
+        if reduce_op == ReduceOp.SUM:
+            return numerator
+        denominator = extended.reduce_to_default(
+            ReduceOp.SUM, _map_local(topology, lambda v: _count_over(v, axes), value)
         )
         return _divide(_to_tensor(numerator), _to_tensor(denominator))
 
@@ -825,12 +860,12 @@ class Strategy:
             self._extended, GATHER_REQUIRES_CROSS_REPLICA
         )
         extended = self._extended
-        destination = extended._default_reduce_destination()
+        destination = extended.default_reduce_destination()
 
         def gather_leaf(leaf: Any) -> Any:
             if isinstance(leaf, torch.Tensor) and leaf.is_sparse:
                 raise NotImplementedError("gather does not support IndexedSlices")
-            return extended._local_results(extended._gather_to(leaf, destination, axis))[0]
+            return extended.local_results(extended.gather_to(leaf, destination, axis))[0]
 
         if _is_distributed_nest(value):
             return _nest.map_structure(gather_leaf, value)
@@ -838,13 +873,13 @@ class Strategy:
 
     def experimental_local_results(self, value: Any) -> tuple:
         """The local per-replica components of ``value`` (``(value,)`` for a plain value)."""
-        return self._extended._local_results(value)
+        return self._extended.local_results(value)
 
     def experimental_distribute_values_from_function(
         self, value_fn: Callable[[ValueContext], Any]
     ) -> Any:
         """Call ``value_fn(ValueContext)`` for each local replica and wrap the results."""
-        return self._extended._distribute_values_from_function(value_fn)
+        return self._extended.distribute_values_from_function(value_fn)
 
     # --- input ------------------------------------------------------------------------------------
     def experimental_distribute_dataset(
@@ -858,13 +893,13 @@ class Strategy:
         ``auto_shard_policy`` is what TF sets on the dataset's options
         (``experimental_distribute.auto_shard_policy``); a keyword is the PyTorch way.
         """
-        return self._extended._experimental_distribute_dataset(dataset, options, auto_shard_policy)
+        return self._extended.distribute_dataset(dataset, options, auto_shard_policy)
 
     def distribute_datasets_from_function(
         self, dataset_fn: Callable[[Any], Any], options: Any = None
     ) -> Any:
         """Call ``dataset_fn(InputContext)`` per input pipeline; batches are per replica."""
-        return self._extended._distribute_datasets_from_function(dataset_fn, options)
+        return self._extended.distribute_datasets_from_function(dataset_fn, options)
 
     def experimental_distribute_datasets_from_function(self, dataset_fn, options=None):
         """Deprecated alias of :meth:`distribute_datasets_from_function`."""
@@ -888,10 +923,9 @@ class Strategy:
     def __deepcopy__(self, memo: dict) -> Strategy:
         cls = type(self)
         result = cls.__new__(cls)
-        memo[id(self)] = result
+        memo[id(self)] = result  # the copy of the extended belongs to `result` (its __deepcopy__)
         for key, value in self.__dict__.items():
             setattr(result, key, copy.deepcopy(value, memo))
-        result._extended._container_strategy_weakref = weakref.ref(result)
         return result
 
 
@@ -912,13 +946,13 @@ class _SingleReplicaExtendedMixin:
     def _batch_reduce_to(self, reduce_op: ReduceOp, pairs: Sequence, options: Any) -> list:
         return [value for value, _ in pairs]
 
-    def _gather_to(self, value: Any, destinations: Any, axis: int, options: Any = None) -> Any:
+    def gather_to(self, value: Any, destinations: Any, axis: int, options: Any = None) -> Any:
         return value
 
-    def _local_results(self, value: Any) -> tuple:
+    def local_results(self, value: Any) -> tuple:
         return (value,)
 
-    def _distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
+    def distribute_values_from_function(self, value_fn: Callable[[ValueContext], Any]) -> Any:
         return value_fn(ValueContext())
 
     def _broadcast_to(self, tensor: Any, destinations: Any) -> Any:
@@ -926,14 +960,11 @@ class _SingleReplicaExtendedMixin:
 
 
 class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended):
-    def _scope(self, strategy: Strategy) -> Any:
-        return _context.DefaultScope(strategy)
-
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         with _context.ReplicaContext(self.container_strategy(), 0, _local_replica_id=0):
             return fn(*args, **kwargs)
 
-    def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
         from strategyjob import _variables
 
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -956,12 +987,10 @@ class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended
             "parameter_devices() method unsupported by default tf.distribute.Strategy."
         )
 
-    def _experimental_distribute_dataset(
-        self, dataset: Any, options: Any, auto_shard_policy: Any
-    ) -> Any:
+    def distribute_dataset(self, dataset: Any, options: Any, auto_shard_policy: Any) -> Any:
         return dataset
 
-    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
         return dataset_fn(InputContext())
 
 
@@ -976,6 +1005,10 @@ class _DefaultDistributionStrategy(Strategy):
                 "Should only create a single instance of _DefaultDistributionStrategy"
             )
         super().__init__(_DefaultDistributionExtended(self))
+
+    def scope(self) -> Any:
+        """The default strategy's scope pushes nothing (``_context.DefaultScope``)."""
+        return _context.DefaultScope(self)
 
     def __deepcopy__(self, memo: dict) -> Strategy:
         raise RuntimeError("Should only create a single instance of _DefaultDistributionStrategy")

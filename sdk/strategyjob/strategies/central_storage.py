@@ -53,7 +53,7 @@ class CentralStorageExtended(MirroredExtended):
         )
 
     # --- variables --------------------------------------------------------------------------
-    def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         strategy = self.container_strategy()
         if len(self._logical_devices) > 1:
@@ -104,11 +104,11 @@ class CentralStorageExtended(MirroredExtended):
     # experimental_distribute_dataset is Mirrored's: PER_REPLICA is refused, any other options
     # work (TF 2.21 raises AttributeError for every options object there, a typo in its code).
 
-    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
         mode = getattr(options, "experimental_replication_mode", None)
         if mode == InputReplicationMode.PER_REPLICA:
             raise NotImplementedError(PER_REPLICA_NOT_SUPPORTED)
-        return super()._distribute_datasets_from_function(dataset_fn, options)
+        return super().distribute_datasets_from_function(dataset_fn, options)
 
 
 class CentralStorageStrategy(CompatV1StrategyMethods, Strategy):

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from strategyjob import _context
 from strategyjob._devices import LogicalDevice, all_local_devices, canonicalize, require_local
 from strategyjob._values import regroup, select_replica
 from strategyjob.collective import local
@@ -70,7 +69,7 @@ class MirroredExtended(StrategyExtended):
         contexts = [self._make_replica_context(i) for i in range(count)]
         if count == 1:
             context = contexts[0]
-            with _context.enter_mode(_context.replica_mode(context)):
+            with context:
                 if self._logical_devices[0].device_type == "cuda":
                     with torch.cuda.device(self._logical_devices[0].torch_device):
                         result = fn(*select_replica(0, args), **select_replica(0, kwargs))

@@ -13,7 +13,6 @@ rendezvous.
 
 from __future__ import annotations
 
-import copy
 import sys
 from typing import Any
 
@@ -34,6 +33,10 @@ __all__ = ["MultiWorkerMirroredExtended", "MultiWorkerMirroredStrategy"]
 
 class MultiWorkerMirroredExtended(MirroredExtended):
     """Implementation of MultiWorkerMirroredStrategy (TF's ``CollectiveAllReduceExtended``)."""
+
+    # Copies share the process group (one per process); each makes its own synchroniser.
+    _shared_when_copied = frozenset({"_group", "_cluster_resolver", "collectives"})
+    _reset_when_copied = frozenset({"_gradient_synchronizer"})
 
     def __init__(
         self,
@@ -113,7 +116,7 @@ class MultiWorkerMirroredExtended(MirroredExtended):
         return True
 
     # --- reductions --------------------------------------------------------------------------
-    def _reduce(self, reduce_op: ReduceOp, value: Any) -> Any:
+    def reduce_to_default(self, reduce_op: ReduceOp, value: Any) -> Any:
         """``Strategy.reduce(op, value, axis=None)`` of one worker's only replica value (the
         loss, every step) goes straight to one collective: the general path is the same
         reduction with ~50 µs more Python, a few per cent of a small model's step."""
@@ -125,8 +128,8 @@ class MultiWorkerMirroredExtended(MirroredExtended):
                     total = _divide(total, self.num_replicas_in_sync)
                 if total.device.type == "cpu":  # already on the host, the destination
                     return total
-                return self._place_on(self._default_reduce_destination(), total)
-        return super()._reduce(reduce_op, value)
+                return self._place_on(self.default_reduce_destination(), total)
+        return super().reduce_to_default(reduce_op, value)
 
     # --- module parameters: start identical on every worker ----------------------------------
     def _broadcast_pending_parameters(self) -> None:
@@ -141,20 +144,6 @@ class MultiWorkerMirroredExtended(MirroredExtended):
     def _call_for_each_replica(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         self._broadcast_pending_parameters()
         return super()._call_for_each_replica(fn, args, kwargs)
-
-    def __deepcopy__(self, memo: dict) -> MultiWorkerMirroredExtended:
-        cls = type(self)
-        result = cls.__new__(cls)
-        memo[id(self)] = result
-        shared = {"_group", "_cluster_resolver", "_gradient_synchronizer", "collectives"}
-        for key, value in self.__dict__.items():
-            if key not in shared:
-                setattr(result, key, copy.deepcopy(value, memo))
-        result._gradient_synchronizer = None  # the copy makes its own on first use
-        result._group = self._group  # one process group per process
-        result._cluster_resolver = self._cluster_resolver
-        result.collectives = self.collectives
-        return result
 
 
 def _local_devices_of(

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from strategyjob import _context
 from strategyjob._devices import LogicalDevice, canonicalize, require_local
 from strategyjob._values import select_replica
 from strategyjob.strategies.base import (
@@ -34,13 +33,13 @@ class OneDeviceExtended(_SingleReplicaExtendedMixin, StrategyExtended):
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         context = self._make_replica_context(0)
         args, kwargs = select_replica(0, args), select_replica(0, kwargs)
-        with _context.enter_mode(_context.replica_mode(context)):
+        with context:
             if self._device.device_type == "cuda":
                 with torch.cuda.device(self._device.torch_device):
                     return fn(*args, **kwargs)
             return fn(*args, **kwargs)
 
-    def _create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
         from strategyjob import _variables
 
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -48,7 +47,7 @@ class OneDeviceExtended(_SingleReplicaExtendedMixin, StrategyExtended):
             self.container_strategy(), initial_value, device=self._device, **kwargs
         )
 
-    def _default_reduce_destination(self) -> torch.device:
+    def default_reduce_destination(self) -> torch.device:
         return self._device.torch_device
 
 

@@ -15,12 +15,16 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from strategyjob import _context, _variables
-from strategyjob._devices import LogicalDevice
+from strategyjob._devices import LogicalDevice, canonicalize
+
+# What the variables package shares with the strategies (its ``_INTERNAL`` list): a ps variable's
+# name, enums and initial value are checked as ``strategyjob.Variable``'s are.
+from strategyjob._variables import _base_name, _initial_tensor, _validate_enums
 from strategyjob.cluster_resolver.multi_worker_util import validate_cluster_spec
 from strategyjob.ps import _cluster, _module_sync, _remote, _transport, _wire, coordinator
 from strategyjob.ps.coordinator import ClusterCoordinator
@@ -53,6 +57,20 @@ def _per_row(value: Any, shards: tuple) -> bool:
     """Whether an optimizer state value is split by rows like its sharded parameter (a
     momentum buffer) rather than one for the whole parameter (Adam's ``step``)."""
     return len(shards) > 1 and isinstance(value, torch.Tensor) and value.dim() > 0
+
+
+def _ps_task_of(variable: Any) -> int:
+    """The ps task holding ``variable`` (a sharded one: its first shard), read from its device
+    name as TF colocates by device (``/job:ps/replica:0/task:N/device:CPU:0``)."""
+    if isinstance(variable, ShardedVariable):
+        variable = variable.variables[0]
+    device = canonicalize(variable.device)
+    if device.job != "ps":
+        raise ValueError(
+            f"colocate_vars_with needs a variable on a parameter server, got one on {device.name}; "
+            "pass a variable created in this ParameterServerStrategy's scope."
+        )
+    return device.task
 
 
 class _PSDataset:
@@ -132,7 +150,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             return 1
         return num_partitions(self._variable_partitioner, shape, dtype)
 
-    def _create_variable(
+    def create_variable(
         self,
         initial_value: Any,
         *,
@@ -141,8 +159,8 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         synchronization: Any = None,
         aggregation: Any = None,
     ) -> Any:
-        base = _variables._base_name(name)
-        sync, agg, trainable = _variables._validate_enums(
+        base = _base_name(name)
+        sync, agg, trainable = _validate_enums(
             synchronization
             if synchronization is not None
             else _variables.VariableSynchronization.AUTO,
@@ -155,13 +173,12 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
                 "It looks like you are trying to create a variable without specifying "
                 "`initial_value`. Pass it, e.g. `strategyjob.Variable(torch.zeros(3))`."
             )
-        tensor = _variables._initial_tensor(initial_value, None)
+        tensor = _initial_tensor(initial_value, None)
         common = dict(trainable=trainable, synchronization=sync, aggregation=agg)
         strategy = self.container_strategy()
         colocate = self._colocate_with
         if colocate is not None:
-            task = colocate._task if hasattr(colocate, "_task") else colocate.variables[0]._task
-            return self._make(tensor, task, f"{base}:0", base, strategy, common)
+            return self._make(tensor, _ps_task_of(colocate), f"{base}:0", base, strategy, common)
         n = self._shard_count(tensor.shape, tensor.dtype)
         if n <= 1:
             return self._make(tensor, self._next_task(), f"{base}:0", base, strategy, common)
@@ -370,8 +387,6 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
 
     def attach_coordinator(self, cluster_coordinator: ClusterCoordinator) -> None:
         self._coordinator = cluster_coordinator
-        strategy = cast("ParameterServerStrategy", self.container_strategy())
-        strategy._cluster_coordinator = cluster_coordinator  # TF's attribute
 
     def before_schedule(self) -> None:
         """Before a function is queued: the ps get the parameters still waiting to be sent,
@@ -423,10 +438,10 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
         return True
 
     # --- input ------------------------------------------------------------------------------
-    def _experimental_distribute_dataset(self, dataset: Any, options: Any, *rest: Any) -> Any:
+    def distribute_dataset(self, dataset: Any, options: Any, *rest: Any) -> Any:
         return _PSDataset(lambda: dataset)
 
-    def _distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
+    def distribute_datasets_from_function(self, dataset_fn: Callable, options: Any) -> Any:
         from strategyjob.input import InputContext
 
         return _PSDataset(lambda: dataset_fn(InputContext(1, 0, 1)))
@@ -450,6 +465,8 @@ class ParameterServerStrategy(Strategy):
     declared lost within 30 s whatever the deadline.
     """
 
+    extended: ParameterServerStrategyExtended
+
     def __init__(
         self,
         cluster_resolver: Any = None,
@@ -464,10 +481,14 @@ class ParameterServerStrategy(Strategy):
             from strategyjob.cluster_resolver import TFConfigClusterResolver
 
             cluster_resolver = TFConfigClusterResolver()
-        self._cluster_coordinator: ClusterCoordinator | None = None
         super().__init__(
             ParameterServerStrategyExtended(self, cluster_resolver, variable_partitioner, transport)
         )
+
+    @property
+    def _cluster_coordinator(self) -> ClusterCoordinator | None:
+        """TF's attribute (Keras reads it): the coordinator attached to this strategy."""
+        return self.extended.coordinator
 
     def __reduce__(self) -> Any:
         # Shipped to a worker inside a scheduled function, the strategy becomes the worker's
@@ -485,7 +506,6 @@ def _worker_side_strategy() -> ParameterServerStrategy:
     global _worker_strategy
     if _worker_strategy is None:
         strategy = object.__new__(ParameterServerStrategy)
-        strategy._cluster_coordinator = None
         Strategy.__init__(strategy, ParameterServerStrategyExtended(strategy, None, None))
         _worker_strategy = strategy
     return _worker_strategy

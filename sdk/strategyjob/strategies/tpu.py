@@ -34,7 +34,6 @@ placement scope is not provided.
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import warnings
@@ -50,7 +49,7 @@ from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.overrides import TorchFunctionMode
 
-from strategyjob import _context, _names, _nest
+from strategyjob import _names, _nest
 from strategyjob._devices import LogicalDevice
 from strategyjob._values import regroup, select_replica
 from strategyjob.cluster_resolver import ClusterResolver, TFConfigClusterResolver, multi_worker_util
@@ -101,9 +100,10 @@ _IN_PLACE_OPERATORS = frozenset(
 #: stay the very tensors of the autograd graph.
 _NOT_OPERATIONS = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
 #: How DTensor waits for its collectives: one blocking call, watched (``collective.watchdog``).
+#: torch gives that op of its functional collectives no public name.
 _WAIT_TENSOR = (
-    torch.ops._c10d_functional.wait_tensor,
-    torch.ops._c10d_functional.wait_tensor.default,
+    torch.ops._c10d_functional.wait_tensor,  # noqa: SLF001  (torch's; see above)
+    torch.ops._c10d_functional.wait_tensor.default,  # noqa: SLF001  (its overload)
 )
 
 
@@ -349,9 +349,16 @@ class _OneMeshPerOperation(TorchFunctionMode):
     gives a replicated DTensor, as XLA partitions any operation.
     """
 
-    def __init__(self, extended: TPUExtended) -> None:
+    def __init__(
+        self,
+        watchdog: BlockingWaitWatchdog | None,
+        on_one_mesh: Callable[[Callable, tuple, dict], tuple[tuple, dict]],
+        on_whole_values: Callable[[Callable, tuple, dict], Any],
+    ) -> None:
         super().__init__()
-        self._extended = extended
+        self._watchdog = watchdog
+        self._on_one_mesh = on_one_mesh
+        self._on_whole_values = on_whole_values
 
     def __torch_function__(
         self, func: Callable, types: tuple[type, ...], args: tuple = (), kwargs: dict | None = None
@@ -359,22 +366,25 @@ class _OneMeshPerOperation(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _NOT_OPERATIONS:
             return func(*args, **kwargs)
-        if func in _WAIT_TENSOR and self._extended._watchdog is not None:
-            with self._extended._watchdog.watching():  # a lost peer ends the process
+        if func in _WAIT_TENSOR and self._watchdog is not None:
+            with self._watchdog.watching():  # a lost peer ends the process
                 return func(*args, **kwargs)
         # ``types`` never names DTensor (its __torch_function__ is disabled): look at the args
-        args, kwargs = self._extended._on_one_mesh(func, args, kwargs)
+        args, kwargs = self._on_one_mesh(func, args, kwargs)
         try:
             return func(*args, **kwargs)
         except NotImplementedError as e:
             # raised by sharding propagation, before any collective: the same on every core
             if _NO_SHARDING_RULE not in str(e) or _is_in_place(func):
                 raise
-            return self._extended._on_whole_values(func, args, kwargs)
+            return self._on_whole_values(func, args, kwargs)
 
 
 class TPUExtended(StrategyExtended):
     """Implementation of TPUStrategy: one process per logical device of each replica."""
+
+    # Copies share the process's cluster membership, meshes and groups.
+    _shared_when_copied = _SHARED_STATE
 
     def __init__(
         self,
@@ -459,16 +469,6 @@ class TPUExtended(StrategyExtended):
         self._split_meshes: dict[tuple[int, ...], DeviceMesh] = {}
         self._core_meshes: dict[int, DeviceMesh] = {}
 
-    def __deepcopy__(self, memo: dict) -> TPUExtended:
-        """Copies share the process's cluster membership, meshes and groups."""
-        cls = type(self)
-        result = cls.__new__(cls)
-        memo[id(self)] = result
-        for key, value in self.__dict__.items():
-            shared = key in _SHARED_STATE
-            setattr(result, key, value if shared else copy.deepcopy(value, memo))
-        return result
-
     # --- topology -------------------------------------------------------------------------
     @property
     def num_replicas_in_sync(self) -> int:
@@ -530,9 +530,13 @@ class TPUExtended(StrategyExtended):
     def _call_for_each_replica(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self._broadcast_pending_parameters()
         context = self._make_replica_context(0)
-        one_mesh = _OneMeshPerOperation(self) if self.num_cores_per_replica > 1 else nullcontext()
+        one_mesh = (
+            _OneMeshPerOperation(self._watchdog, self._on_one_mesh, self._on_whole_values)
+            if self.num_cores_per_replica > 1
+            else nullcontext()
+        )
         with (
-            _context.enter_mode(_context.replica_mode(context)),
+            context,
             implicit_replication(),
             one_mesh,
             warnings.catch_warnings(),
@@ -604,7 +608,8 @@ class TPUExtended(StrategyExtended):
             return tensor  # "cpu" vs "cpu:0" would copy
         return tensor.to(device)
 
-    def _split(self, tensor: Any, partition_dimensions: Sequence[int]) -> DTensor:
+    def split_to_logical_devices(self, tensor: Any, partition_dimensions: Sequence[int]) -> DTensor:
+        """``TPUStrategy.experimental_split_to_logical_devices`` once its arguments are checked."""
         mesh, placements = self._split_layout([int(d) for d in partition_dimensions])
         if isinstance(tensor, DTensor) and tensor.device_mesh == mesh:
             return tensor.redistribute(mesh, placements)
@@ -613,7 +618,8 @@ class TPUExtended(StrategyExtended):
             return DTensor.from_local(plain, mesh, placements, run_check=False)
         return _SplitToLogicalDevices.apply(plain, mesh, tuple(placements))
 
-    def _replicate(self, tensor: Any) -> DTensor:
+    def replicate_to_logical_devices(self, tensor: Any) -> DTensor:
+        """``TPUStrategy.experimental_replicate_to_logical_devices``."""
         mesh = self._replica_logical_mesh
         if isinstance(tensor, DTensor) and tensor.device_mesh == mesh:
             return tensor.redistribute(mesh, [Replicate()] * mesh.ndim)
@@ -676,7 +682,18 @@ class TPUExtended(StrategyExtended):
             lambda r: self._replicated_on(r, mesh) if isinstance(r, torch.Tensor) else r, result
         )
 
-    def _assign(self, tensor: Any, logical_device_id: int) -> DTensor:
+    def assign_to_logical_device(self, tensor: Any, logical_device_id: int) -> DTensor:
+        """``TPUStrategy.experimental_assign_to_logical_device``: refused in SPMD mode or for an
+        id outside the replica's logical devices, with TF's messages."""
+        if self._use_spmd_for_xla_partitioning:
+            raise ValueError(SPMD_ASSIGN_ERROR)
+        count = self.num_cores_per_replica
+        if logical_device_id < 0 or logical_device_id >= count:
+            raise ValueError(
+                "`logical_core_id` to assign must be lower then total number of logical devices "
+                f"per replica. Received logical device id {logical_device_id} but there are only "
+                f"total of {count} logical devices in replica."
+            )
         plain = self._to_device(self._as_plain(tensor))
         src = int(self._grid[self._replica_id, logical_device_id])
         group = self._logical_group if self.num_cores_per_replica > 1 else None
@@ -698,17 +715,7 @@ class _TPUStrategyBase(Strategy):
         device. Raises ``ValueError`` in SPMD mode or for an id outside the replica's logical
         devices.
         """
-        extended = self.extended
-        if extended._use_spmd_for_xla_partitioning:
-            raise ValueError(SPMD_ASSIGN_ERROR)
-        count = extended.num_cores_per_replica
-        if logical_device_id < 0 or logical_device_id >= count:
-            raise ValueError(
-                "`logical_core_id` to assign must be lower then total number of logical devices "
-                f"per replica. Received logical device id {logical_device_id} but there are only "
-                f"total of {count} logical devices in replica."
-            )
-        return extended._assign(tensor, logical_device_id)
+        return self.extended.assign_to_logical_device(tensor, logical_device_id)
 
     def experimental_split_to_logical_devices(
         self, tensor: Any, partition_dimensions: Sequence[int]
@@ -746,11 +753,11 @@ class _TPUStrategyBase(Strategy):
                 f"logical devices (={count}). Received `partition_dimensions`="
                 f"{partition_dimensions},and their product is {product}."
             )
-        return extended._split(tensor, dims)
+        return extended.split_to_logical_devices(tensor, dims)
 
     def experimental_replicate_to_logical_devices(self, tensor: Any) -> Any:
         """Copy ``tensor`` to every logical device of the replica (a replicated ``DTensor``)."""
-        return self.extended._replicate(tensor)
+        return self.extended.replicate_to_logical_devices(tensor)
 
 
 class TPUStrategy(_TPUStrategyBase):

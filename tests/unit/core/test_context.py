@@ -126,6 +126,28 @@ def test_replica_context_as_context_manager(mirrored: sj.MirroredStrategy) -> No
     assert not sj.has_strategy()
 
 
+def test_current_local_replica_id_per_mode(mirrored: sj.MirroredStrategy) -> None:
+    assert _context.current_local_replica_id() == 0  # the default replica
+    seen = mirrored.run(lambda: _context.current_local_replica_id())
+    assert mirrored.experimental_local_results(seen) == (0, 1)
+    with mirrored.scope():
+        assert _context.current_local_replica_id() is None  # cross-replica
+    with sj.ReplicaContext(mirrored, 1):
+        assert _context.current_local_replica_id() == 1
+
+
+def test_merge_routes_end_with_the_run(mirrored: sj.MirroredStrategy) -> None:
+    contexts = []
+
+    def fn() -> torch.Tensor:
+        contexts.append(sj.get_replica_context())
+        return sj.get_replica_context().all_reduce("SUM", torch.ones(1))
+
+    summed = mirrored.run(fn)
+    assert [t.item() for t in mirrored.experimental_local_results(summed)] == [2.0, 2.0]
+    assert len(contexts) == 2 and not any(c in _context._merge_routes for c in contexts)
+
+
 # --- scope nesting, §1.2 ------------------------------------------------------------------------
 
 
@@ -285,6 +307,25 @@ def test_copy_rules(mirrored: sj.MirroredStrategy) -> None:
         copy.deepcopy(sj.get_strategy())
     with pytest.raises(RuntimeError, match="single instance"):
         type(sj.get_strategy())()
+
+
+def test_deepcopy_shares_per_process_state_and_belongs_to_the_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TF_CONFIG", raising=False)  # local mode: one worker, no rendezvous
+    strategy = sj.MultiWorkerMirroredStrategy()
+    synchronizer = strategy.extended.gradient_synchronizer
+    clone = copy.deepcopy(strategy)
+    assert clone.extended.container_strategy() is clone
+    # shared: one cluster resolver and one set of collectives per process
+    assert clone.cluster_resolver is strategy.cluster_resolver
+    assert clone.extended.collectives is strategy.extended.collectives
+    # made again for the copy, on first use
+    assert clone.extended.gradient_synchronizer is not synchronizer
+    assert strategy.extended.gradient_synchronizer is synchronizer
+    assert clone.reduce("SUM", torch.tensor(2.0), axis=None).item() == 2.0
+    # the extended copied alone still belongs to the original strategy
+    assert copy.deepcopy(strategy.extended).container_strategy() is strategy
 
 
 @pytest.mark.parametrize(

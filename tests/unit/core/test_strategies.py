@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import strategyjob as sj
 import torch
+from strategyjob import _variables
 
 
 def _batches(n: int, size: int) -> list[torch.Tensor]:
@@ -53,6 +54,24 @@ def test_default_variable_created_in_scope() -> None:
         owned = sj.Variable(1.0)
     assert not default.extended.variable_created_in_scope(owned)
     assert one.extended.variable_created_in_scope(owned)
+
+
+def test_extended_create_variable_is_what_variable_in_scope_makes() -> None:
+    mirrored = sj.MirroredStrategy(["cpu:0", "cpu:1"])
+    with mirrored.scope():
+        in_scope = sj.Variable(1.0, name="a")
+    made = mirrored.extended.create_variable(torch.tensor(2.0), name="b")
+    assert type(made) is type(in_scope) is _variables.MirroredVariable
+    assert [float(c.numpy()) for c in made.values] == [2.0, 2.0]
+    assert made.name == "b:0" and mirrored.extended.variable_created_in_scope(made)
+    on_read = mirrored.extended.create_variable(
+        0.0,
+        synchronization=sj.VariableSynchronization.ON_READ,
+        aggregation=sj.VariableAggregation.SUM,
+    )
+    assert isinstance(on_read, _variables.SyncOnReadVariable)
+    plain = sj.get_strategy().extended.create_variable(3.0)
+    assert type(plain) is sj.Variable and plain.distribute_strategy is None
 
 
 def test_default_datasets() -> None:
