@@ -407,7 +407,7 @@ class _WorkerService:
             state.begin(fn_refs + touched)
             try:
                 with (
-                    coordinator._worker_index_scope(self.task_index),
+                    coordinator.worker_index_scope(self.task_index),
                     _transport.step_scope(request.step_id),
                     _remote.PullOnUse(state),
                 ):
