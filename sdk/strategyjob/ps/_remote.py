@@ -489,7 +489,7 @@ class WorkerState:
                 try:
                     return self.resources[pid[1]]
                 except KeyError:
-                    raise _MissingResource(pid[1]) from None
+                    raise MissingResource(pid[1]) from None
             if kind == "value":
                 return pid[1]
             raise ValueError(f"unknown persistent id {pid!r}")
@@ -598,7 +598,10 @@ class PullOnUse(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _MissingResource(Exception):
+class MissingResource(Exception):
+    """A closure's argument refers to a per-worker resource this worker has not built (it
+    restarted): the worker's closure runner answers so, and the coordinator rebuilds it."""
+
     def __init__(self, resource_id: int) -> None:
         super().__init__(f"resource {resource_id} is not on this worker")
         self.resource_id = resource_id

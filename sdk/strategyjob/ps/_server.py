@@ -106,8 +106,9 @@ class AppliedUpdates:
             self._cond.notify_all()
 
 
-class _Store:
-    """The variables of one ps task, each with its lock and its optimizers' state."""
+class Store:
+    """The variables of one ps task, each with its lock and its optimizers' state: a ps
+    process's (``Server``), or an in-process ps of ``_inmemory.InMemoryTransport``."""
 
     def __init__(self, name: str = "this parameter server") -> None:
         self.name = name
@@ -318,7 +319,7 @@ class _Store:
             var.grad = None
 
 
-# What ``_Store.run`` raises for a request it refuses (the caller's mistake or its optimizer's).
+# What ``Store.run`` raises for a request it refuses (the caller's mistake or its optimizer's).
 PS_REQUEST_ERRORS = (
     KeyError,
     OptimizerError,
@@ -331,7 +332,7 @@ PS_REQUEST_ERRORS = (
 
 
 def ps_status(exc: BaseException) -> _direct.Status:
-    """The status a ps answers a request with when ``_Store.run`` raised ``exc`` (one of
+    """The status a ps answers a request with when ``Store.run`` raised ``exc`` (one of
     ``PS_REQUEST_ERRORS``); ``_transport.raise_for_status`` turns it into TF's error."""
     if isinstance(exc, KeyError):
         return _direct.Status(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
@@ -367,7 +368,10 @@ def _error_result(kind: str, exc: BaseException) -> pb.ClosureResult:
     return pb.ClosureResult(error_kind=kind, error_message=message, error=blob)
 
 
-class _WorkerService:
+class WorkerService:
+    """A worker task's closure runner: a worker process's (``Server``), or an in-process worker
+    of ``_inmemory.InMemoryTransport``. Closures run as worker ``task_index``."""
+
     def __init__(self) -> None:
         self._functions: dict[str, tuple[Any, list]] = {}
         self._lock = threading.Lock()
@@ -416,7 +420,7 @@ class _WorkerService:
                 state.end()
             payload, tensors = dumps(result)
             return pb.ClosureResult(payload=payload, tensors=tensors)
-        except _remote._MissingResource as exc:
+        except _remote.MissingResource as exc:
             return pb.ClosureResult(error_kind="missing_resource", error_message=str(exc))
         except BaseException as exc:
             ps_task = _ps_task_of(exc)
@@ -436,7 +440,7 @@ class _WorkerService:
             creator = loads(request.payload, request.tensors, state.loader([]))
             state.resources[request.resource_id] = creator()
             return pb.ClosureResult()
-        except _remote._MissingResource as exc:
+        except _remote.MissingResource as exc:
             return pb.ClosureResult(error_kind="missing_resource", error_message=str(exc))
         except BaseException as exc:
             return _error_result("input", exc)
@@ -605,11 +609,11 @@ class Server:
             {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[misc]
         )
         self._incarnation = uuid.uuid4().hex
-        self._store = _Store(f"/job:{job_name}/replica:0/task:{self._task_index}")
+        self._store = Store(f"/job:{job_name}/replica:0/task:{self._task_index}")
         self._traffic = [0, 0, 0]
         self._count_traffic = False
         self._traffic_lock = threading.Lock()
-        self._worker = _WorkerService()
+        self._worker = WorkerService()
         self._worker.task_index = self._task_index
         token = os.environ.get(_transport.TOKEN_ENV)
         interceptors = [_TokenInterceptor(token)] if token else []
