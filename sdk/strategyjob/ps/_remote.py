@@ -59,6 +59,12 @@ def var_op(op: str, key: str, value: Any = None, indices: Any = None, **kw: Any)
 class PSVariable(_variables.Variable):
     """A variable held by parameter server ``task`` under the unique key ``key``."""
 
+    # Set by ``_handle`` (no value here: the ps holds it).
+    _key: str
+    _task: int
+    _shape: torch.Size
+    _dtype: torch.dtype
+
     @classmethod
     def _handle(
         cls,
@@ -88,7 +94,7 @@ class PSVariable(_variables.Variable):
         return variable
 
     def __reduce__(self) -> Any:
-        meta = dict(
+        meta: dict[str, Any] = dict(
             key=self._key,
             task=self._task,
             shape=tuple(self._shape),

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -189,7 +190,12 @@ class Store:
             if kind == "read_slots":
                 return _wire.pack_state(self._slots(op, var))
             if kind in ("assign", "assign_add", "assign_sub"):
-                {"assign": var.copy_, "assign_add": var.add_, "assign_sub": var.sub_}[kind](value)
+                updates: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+                    "assign": var.copy_,
+                    "assign_add": var.add_,
+                    "assign_sub": var.sub_,
+                }
+                updates[kind](value)
             elif kind.startswith("scatter_"):
                 scatter_(var, kind, indices, value)
             elif kind == "apply_dense":
@@ -345,7 +351,7 @@ def ps_status(exc: BaseException) -> _direct.Status:
 # worker state
 
 
-def _ps_task_of(exc: BaseException) -> str | None:
+def _ps_task_of(exc: BaseException | None) -> str | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -606,7 +612,8 @@ class Server:
         what = f"/job:{job_name}/task:{self._task_index}"
         listen = listen_addresses(address, what, bind_address)
         _transport.configure(
-            {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[misc]
+            # A sparse job's gaps (None) are kept as they were given: no task dials them.
+            {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[arg-type]
         )
         self._incarnation = uuid.uuid4().hex
         self._store = Store(f"/job:{job_name}/replica:0/task:{self._task_index}")
@@ -733,7 +740,7 @@ class Server:
         for request in requests:
             yield self._run_ps(request, context)  # an error ends the call with its status
 
-    def _run_ps(self, request: bytes, context: Any) -> bytes:
+    def _run_ps(self, request: bytes, context: Any) -> bytes:  # type: ignore[return]  # abort raises
         try:
             return self._reply_ps(request)
         except _direct.Status as status:

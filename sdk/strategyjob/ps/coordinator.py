@@ -643,11 +643,11 @@ class _Worker:
                 closure.result.set_error(error)
                 self._queue.mark_failed(error)
         else:
-            error = _remote_error(reply)
+            failure = _remote_error(reply)
             if kind == "input":
-                error = ClosureInputError(error)
-            closure.result.set_error(error)
-            self._queue.mark_failed(error)
+                failure = ClosureInputError(failure)
+            closure.result.set_error(failure)
+            self._queue.mark_failed(failure)
 
     def _run_watched(self, closure: _Closure) -> pb.ClosureResult | None:
         """``_execute(closure)`` as the coordinator's watch sees it: None when the closure was
@@ -780,7 +780,7 @@ class CoordinatedExtended(Protocol):
 
 # The strategies a coordinator schedules for: ParameterServerStrategy registers itself when it
 # loads (the strategies sit above this layer).
-_coordinated_types: tuple[type, ...] = ()
+_coordinated_types: tuple[type[Any], ...] = ()
 
 
 def register_coordinated_strategy(cls: type) -> None:
