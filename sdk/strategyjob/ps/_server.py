@@ -612,7 +612,7 @@ class Server:
         what = f"/job:{job_name}/task:{self._task_index}"
         listen = listen_addresses(address, what, bind_address)
         _transport.configure(
-            # A sparse job's gaps (None) are kept as they were given: no task dials them.
+            # configure is typed for dense jobs; a sparse job's gaps (None) are kept as given.
             {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[arg-type]
         )
         self._incarnation = uuid.uuid4().hex
