@@ -202,7 +202,7 @@ def run_strategyjob(args: argparse.Namespace, between: Any = None) -> dict:
                 (counts,) = _transport.run_ps_ops(task, [_remote.var_op("traffic", "")])
                 total += int(counts[0] + counts[1])
                 ps_calls[0] += int(counts[2])
-            for worker in coordinator._workers.values():
+            for worker in coordinator._pool.workers.values():
                 total += sum(worker.traffic)
                 worker.traffic[:] = [0, 0]
             return total

@@ -54,7 +54,7 @@ def test_workers_join_and_leave_2_4_1_3_while_training(make_cluster):
         return get_current_worker_index(), position
 
     stays = cluster.procs[("worker", 0)]
-    first_worker_0 = coordinator._workers[0]
+    first_worker_0 = coordinator._pool.workers[0]
     scheduled, counts, positions_on_0 = 0, [], []
     for size in (2, 4, 1, 3):
         if size == 3:  # worker 1's process stayed up after leaving; worker 2's is a new one
@@ -83,7 +83,7 @@ def test_workers_join_and_leave_2_4_1_3_while_training(make_cluster):
     assert counts[-1] == scheduled  # every scheduled step applied once
     # The worker that stayed: same process, same connection, its iterator never rebuilt.
     assert stays.poll() is None and cluster.procs[("worker", 0)] is stays
-    assert coordinator._workers[0] is first_worker_0
+    assert coordinator._pool.workers[0] is first_worker_0
     assert sorted(positions_on_0) == list(range(len(positions_on_0)))
 
 

@@ -161,4 +161,4 @@ def test_a_worker_stuck_in_a_closure_is_taken_out_and_every_step_applied_once(
     (tmp_path / "release").touch()
     wait_until(lambda: (tmp_path / "woke").exists(), 30, "the stuck closure to wake")
     assert int(steps) == 55
-    wait_until(lambda: not coordinator._workers[1].taken_out, 30, "worker 1 to be back")
+    wait_until(lambda: not coordinator._pool.workers[1].taken_out, 30, "worker 1 to be back")

@@ -18,7 +18,7 @@ import torch
 from strategyjob import errors
 from strategyjob.ps import _transport
 from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._server import AppliedUpdates, _Store
+from strategyjob.ps._server import AppliedUpdates, Store
 from strategyjob.ps._transport import Op
 from strategyjob.ps.coordinator import ClusterCoordinator
 from strategyjob.strategies.parameter_server import ParameterServerStrategy
@@ -78,12 +78,12 @@ def test_a_duplicate_waits_for_the_attempt_applying_it():
     assert answers == [False]
 
 
-def _request(store: _Store, ops: list[Op], update_id: str = "") -> list[torch.Tensor]:
+def _request(store: Store, ops: list[Op], update_id: str = "") -> list[torch.Tensor]:
     return _transport.decode_results(store.run(_transport.encode_ops(ops, update_id)))
 
 
 def test_the_store_applies_an_update_id_once_and_answers_a_duplicate_as_if_applied():
-    store = _Store()
+    store = Store()
     _request(store, [Op("create", "v", torch.zeros(2)), Op("create", "w", torch.zeros(3, 2))])
     sgd = '{"key": "o", "cls": "torch.optim.sgd:SGD", "hparams": {"lr": 0.5}}'
     update = [

@@ -69,7 +69,7 @@ def test_indexing():
 class CountingVariable(Variable):
     """Counts row gathers and refuses whole-table reads."""
 
-    def _gather(self, ids):
+    def sparse_read(self, ids, name=None):
         self.gathers = getattr(self, "gathers", 0) + 1
         return self._tensor.detach().index_select(0, ids)
 

@@ -13,7 +13,7 @@ import torch
 from strategyjob import errors
 from strategyjob.ps import _remote, _transport, _wire
 from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._server import Server, _Store
+from strategyjob.ps._server import Server, Store
 from strategyjob.ps._transport import Op, decode_results, encode_ops, encode_results
 
 from .conftest import free_ports
@@ -63,7 +63,7 @@ def test_inline_tensor_data_is_still_read():
 
 
 def test_ops_round_trip_through_a_store():
-    store = _Store()
+    store = Store()
     table = torch.randn(10, 4)
     store.run(encode_ops([Op("create", "t", table), Op("create", "s", torch.tensor(3))]))
     table.zero_()  # the store kept its own copy
@@ -82,7 +82,7 @@ def _opt(**hparams) -> str:
 
 
 def test_sparse_sgd_adds_up_repeated_rows():
-    store = _Store()
+    store = Store()
     store.run(encode_ops([Op("create", "v", torch.zeros(4, 2))]))
     rows, grads = torch.tensor([1, 3, 1]), torch.tensor([[1.0, 2.0], [4.0, 4.0], [1.0, 0.0]])
     store.run(encode_ops([Op("apply_sparse", "v", grads, rows, optimizer=_opt(lr=0.5))]))
@@ -92,7 +92,7 @@ def test_sparse_sgd_adds_up_repeated_rows():
 
 def test_sparse_update_with_momentum_matches_torch():
     init = torch.randn(5, 3)
-    store = _Store()
+    store = Store()
     store.run(encode_ops([Op("create", "v", init)]))
     local = torch.nn.Parameter(init.clone())
     reference = torch.optim.SGD([local], lr=0.1, momentum=0.9)

@@ -1,8 +1,8 @@
 """``InMemoryTransport``: a whole parameter-server cluster inside this process, for tests.
 
-The ps tasks are the servers' own stores (``_server._Store``: the same op execution, update ids
+The ps tasks are the servers' own stores (``_server.Store``: the same op execution, update ids
 and errors as a ps process) and the workers the servers' own closure runners
-(``_server._WorkerService``, each with its own parameters and resources), reached through the
+(``_server.WorkerService``, each with its own parameters and resources), reached through the
 same encoded requests as over gRPC, without sockets, threads of their own or subprocesses.
 Tests make a worker or a ps unavailable (``set_worker_available``, ``lose_worker_on_next``,
 ``set_ps_available``) or restart a worker (``restart_worker``); the coordinator then sees the
@@ -31,7 +31,7 @@ class _Worker:
 
     def __init__(self, index: int) -> None:
         self.incarnation = uuid.uuid4().hex
-        self.service = _server._WorkerService()
+        self.service = _server.WorkerService()
         self.service.task_index = index
         self.state = _remote.WorkerState()
         self.available = True
@@ -53,7 +53,7 @@ class InMemoryTransport:
                 f"num_workers={num_workers}, num_ps={num_ps}"
             )
         self._cond = threading.Condition()
-        self._ps = [_server._Store(_ps_name(i)) for i in range(num_ps)]
+        self._ps = [_server.Store(_ps_name(i)) for i in range(num_ps)]
         self._ps_up = [True] * num_ps
         # The worker processes (a removed one may still run, as a terminating pod does) and
         # those in the cluster's membership.
@@ -169,7 +169,9 @@ class InMemoryTransport:
                 raise errors.UnavailableError(f"{worker_name(index)} is unavailable (lost)")
             return worker
 
-    def _status(self, index: int, timeout: float) -> str:
+    def worker_status(self, index: int, timeout: float) -> str:
+        """Worker ``index``'s incarnation, once it is reachable (what its client's ``status``
+        answers); ``UnavailableError`` after ``timeout`` seconds."""
         with self._cond:
             self._cond.wait_for(lambda: self._workers[index].available or self._closed, timeout)
             if not self._workers[index].available:
@@ -178,7 +180,9 @@ class InMemoryTransport:
                 )
             return self._workers[index].incarnation
 
-    def _run(self, index: int, request: pb.Closure, resource: bool) -> pb.ClosureResult:
+    def run_on_worker(self, index: int, request: pb.Closure, *, resource: bool) -> pb.ClosureResult:
+        """Run ``request`` on worker ``index``: a closure, or the creation of a per-worker
+        ``resource`` (what its client's ``run_closure`` / ``create_resource`` send)."""
         worker = self._up(index)
         lose = None
         if not resource:
@@ -215,13 +219,13 @@ class _WorkerClient:
         self.traffic = [0, 0]
 
     def status(self, timeout: float) -> str:
-        return self._transport._status(self.index, timeout)
+        return self._transport.worker_status(self.index, timeout)
 
     def run_closure(self, request: pb.Closure) -> pb.ClosureResult:
-        return self._transport._run(self.index, request, resource=False)
+        return self._transport.run_on_worker(self.index, request, resource=False)
 
     def create_resource(self, request: pb.Closure) -> pb.ClosureResult:
-        return self._transport._run(self.index, request, resource=True)
+        return self._transport.run_on_worker(self.index, request, resource=True)
 
     def close(self) -> None:
         pass

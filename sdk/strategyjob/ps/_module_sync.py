@@ -78,7 +78,7 @@ def _own_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 def _pull(module: torch.nn.Module, *_: Any) -> None:
     sync = _tracked.get(module)
     extended = sync.extended() if sync is not None else None
-    if extended is None:  # a worker's copy of the module, or the strategy is gone
+    if sync is None or extended is None:  # a worker's copy of the module, or no strategy
         return None
     with sync.lock:
         epoch, idle = extended.ps_epoch, extended.ps_settled()
@@ -92,7 +92,7 @@ def _pull(module: torch.nn.Module, *_: Any) -> None:
 def _push(module: torch.nn.Module, _incompatible_keys: Any) -> None:
     sync = _tracked.get(module)
     extended = sync.extended() if sync is not None else None
-    if extended is None:
+    if sync is None or extended is None:
         return
     with sync.lock:
         extended.push_parameters(_own_parameters(module))

@@ -14,18 +14,23 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from strategyjob import _variables
+
+# Shared by ``strategyjob._variables`` with this package (its ``_INTERNAL`` list): a ps variable
+# converts, formats and splits sparse updates as ``strategyjob.Variable`` does.
+from strategyjob._variables import _dtype_name, _shape_str, _sparse_parts, _TensorLike, _unwrap
 from strategyjob.ps import _torch_modes, _wire
 from strategyjob.ps._cluster import run_ps_ops
 from strategyjob.ps._transport import Op, ps_device
@@ -53,6 +58,12 @@ def var_op(op: str, key: str, value: Any = None, indices: Any = None, **kw: Any)
 
 class PSVariable(_variables.Variable):
     """A variable held by parameter server ``task`` under the unique key ``key``."""
+
+    # Set by ``_handle`` (no value here: the ps holds it).
+    _key: str
+    _task: int
+    _shape: torch.Size
+    _dtype: torch.dtype
 
     @classmethod
     def _handle(
@@ -83,7 +94,7 @@ class PSVariable(_variables.Variable):
         return variable
 
     def __reduce__(self) -> Any:
-        meta = dict(
+        meta: dict[str, Any] = dict(
             key=self._key,
             task=self._task,
             shape=tuple(self._shape),
@@ -93,7 +104,7 @@ class PSVariable(_variables.Variable):
             synchronization=self._synchronization,
             aggregation=self._aggregation,
         )
-        return (_rebuild_variable, (meta,))
+        return (functools.partial(PSVariable._handle, **meta), ())
 
     @property
     def dtype(self) -> torch.dtype:
@@ -120,12 +131,14 @@ class PSVariable(_variables.Variable):
     def read_value(self) -> torch.Tensor:
         return self._value_for_op()
 
-    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._run(var_op("gather", self._key, indices=ids.to(torch.long)))[0]
+    def sparse_read(self, indices: Any, name: Any = None) -> torch.Tensor:
+        """Rows ``indices`` (``tf.Variable.sparse_read``): only they travel from the ps."""
+        ids = torch.as_tensor(indices).to(torch.long)
+        return self._run(var_op("gather", self._key, indices=ids))[0]
 
     def _convert(self, value: Any, op_name: str) -> torch.Tensor:
-        if isinstance(value, torch.Tensor) or hasattr(value, "_value_for_op"):
-            value = _variables._unwrap(value)
+        if isinstance(value, torch.Tensor | _TensorLike):
+            value = _unwrap(value)
             tensor = value.detach().to(dtype=self._dtype, device="cpu")
         else:
             tensor = torch.as_tensor(value, dtype=self._dtype)
@@ -133,8 +146,8 @@ class PSVariable(_variables.Variable):
             if op_name == "assign":
                 raise ValueError(
                     f"Cannot assign value to variable ' {self._name}': Shape mismatch."
-                    f"The variable shape {_variables._shape_str(self._shape)}, and the assigned "
-                    f"value shape {_variables._shape_str(tensor.shape)} are incompatible."
+                    f"The variable shape {_shape_str(self._shape)}, and the assigned "
+                    f"value shape {_shape_str(tensor.shape)} are incompatible."
                 )
             raise ValueError(
                 f"Cannot update variable with shape {list(self._shape)} using a Tensor with "
@@ -148,23 +161,19 @@ class PSVariable(_variables.Variable):
         return result[0] if read_value else None
 
     def _scatter(self, op_name: str, sparse_delta: Any) -> torch.Tensor:
-        indices, updates = _variables._sparse_parts(sparse_delta)
-        updates = torch.as_tensor(_variables._unwrap(updates)).detach().to(self._dtype)
+        indices, updates = _sparse_parts(sparse_delta)
+        updates = torch.as_tensor(_unwrap(updates)).detach().to(self._dtype)
         op = var_op(op_name, self._key, updates, torch.as_tensor(indices).to(torch.long))
         op.read_back = True
         return self._run(op)[0]
 
     def __repr__(self) -> str:
         return (
-            f"<strategyjob.Variable '{self._name}' shape={_variables._shape_str(self._shape)} "
-            f"dtype={_variables._dtype_name(self._dtype)}, device={self.device}>"
+            f"<strategyjob.Variable '{self._name}' shape={_shape_str(self._shape)} "
+            f"dtype={_dtype_name(self._dtype)}, device={self.device}>"
         )
 
     __str__ = __repr__
-
-
-def _rebuild_variable(meta: dict[str, Any]) -> PSVariable:
-    return PSVariable._handle(**meta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,14 +209,21 @@ class ShardedParamRef:
         return out
 
 
+# The attribute of a torch parameter (or optimizer) under which this module tags it: read and
+# written only through ``ps_ref`` / ``place_on_ps`` (``given_optimizer_key`` / ``optimizer_key``).
+# An attribute, not a weak table: it travels with the parameter (``copy.deepcopy(model)``).
+_REF_ATTRIBUTE = "_sj_ref"
+_KEY_ATTRIBUTE = "_sj_key"
+
+
 def ps_ref(param: Any) -> ParamRef | ShardedParamRef | None:
     """The ps variable(s) behind a module parameter placed on the ps, else None."""
-    return getattr(param, "_sj_ref", None)
+    return getattr(param, _REF_ATTRIBUTE, None)
 
 
 def place_on_ps(param: torch.Tensor, ref: ParamRef | ShardedParamRef) -> None:
     """Mark ``param`` as the coordinator's copy of the ps variable(s) ``ref``."""
-    param._sj_ref = ref  # type: ignore[attr-defined]  # an attribute of this instance only
+    setattr(param, _REF_ATTRIBUTE, ref)  # an attribute of this instance only
 
 
 def coordinator_hook(obj: Any) -> Any:
@@ -355,11 +371,18 @@ def holds_ps_parameters(opt: torch.optim.Optimizer) -> bool:
     return any(ps_ref(p) is not None for group in opt.param_groups for p in group["params"])
 
 
+def given_optimizer_key(opt: torch.optim.Optimizer) -> str | None:
+    """The name under which the ps keep ``opt``'s state, or None if it has none yet (it was
+    never shipped: never stepped on the ps)."""
+    return getattr(opt, _KEY_ATTRIBUTE, None)
+
+
 def optimizer_key(opt: torch.optim.Optimizer) -> str:
     """The name under which the ps keep ``opt``'s state (given on first use)."""
-    key = getattr(opt, "_sj_key", None)
+    key = given_optimizer_key(opt)
     if key is None:
-        key = opt._sj_key = f"opt{next(_opt_counter)}"
+        key = f"opt{next(_opt_counter)}"
+        setattr(opt, _KEY_ATTRIBUTE, key)
     return key
 
 
@@ -430,7 +453,7 @@ class RemoteOptimizer:
                     for task, task_ops in p.sparse_ops(opt_json).items():
                         ops[task].extend(task_ops)
                 elif p.grad is not None:
-                    ref = p._sj_ref
+                    ref = cast(ParamRef, ps_ref(p))  # a worker's dense parameter
                     ops[ref.task].append(Op("apply_dense", ref.key, p.grad, optimizer=opt_json))
         for task, task_ops in ops.items():
             run_ps_ops(task, task_ops)
@@ -489,7 +512,7 @@ class WorkerState:
                 try:
                     return self.resources[pid[1]]
                 except KeyError:
-                    raise _MissingResource(pid[1]) from None
+                    raise MissingResource(pid[1]) from None
             if kind == "value":
                 return pid[1]
             raise ValueError(f"unknown persistent id {pid!r}")
@@ -598,7 +621,10 @@ class PullOnUse(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class _MissingResource(Exception):
+class MissingResource(Exception):
+    """A closure's argument refers to a per-worker resource this worker has not built (it
+    restarted): the worker's closure runner answers so, and the coordinator rebuilds it."""
+
     def __init__(self, resource_id: int) -> None:
         super().__init__(f"resource {resource_id} is not on this worker")
         self.resource_id = resource_id

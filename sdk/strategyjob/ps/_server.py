@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -106,8 +107,9 @@ class AppliedUpdates:
             self._cond.notify_all()
 
 
-class _Store:
-    """The variables of one ps task, each with its lock and its optimizers' state."""
+class Store:
+    """The variables of one ps task, each with its lock and its optimizers' state: a ps
+    process's (``Server``), or an in-process ps of ``_inmemory.InMemoryTransport``."""
 
     def __init__(self, name: str = "this parameter server") -> None:
         self.name = name
@@ -188,7 +190,12 @@ class _Store:
             if kind == "read_slots":
                 return _wire.pack_state(self._slots(op, var))
             if kind in ("assign", "assign_add", "assign_sub"):
-                {"assign": var.copy_, "assign_add": var.add_, "assign_sub": var.sub_}[kind](value)
+                updates: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+                    "assign": var.copy_,
+                    "assign_add": var.add_,
+                    "assign_sub": var.sub_,
+                }
+                updates[kind](value)
             elif kind.startswith("scatter_"):
                 scatter_(var, kind, indices, value)
             elif kind == "apply_dense":
@@ -318,7 +325,7 @@ class _Store:
             var.grad = None
 
 
-# What ``_Store.run`` raises for a request it refuses (the caller's mistake or its optimizer's).
+# What ``Store.run`` raises for a request it refuses (the caller's mistake or its optimizer's).
 PS_REQUEST_ERRORS = (
     KeyError,
     OptimizerError,
@@ -331,7 +338,7 @@ PS_REQUEST_ERRORS = (
 
 
 def ps_status(exc: BaseException) -> _direct.Status:
-    """The status a ps answers a request with when ``_Store.run`` raised ``exc`` (one of
+    """The status a ps answers a request with when ``Store.run`` raised ``exc`` (one of
     ``PS_REQUEST_ERRORS``); ``_transport.raise_for_status`` turns it into TF's error."""
     if isinstance(exc, KeyError):
         return _direct.Status(grpc.StatusCode.NOT_FOUND, str(exc.args[0]))
@@ -344,7 +351,7 @@ def ps_status(exc: BaseException) -> _direct.Status:
 # worker state
 
 
-def _ps_task_of(exc: BaseException) -> str | None:
+def _ps_task_of(exc: BaseException | None) -> str | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -367,7 +374,10 @@ def _error_result(kind: str, exc: BaseException) -> pb.ClosureResult:
     return pb.ClosureResult(error_kind=kind, error_message=message, error=blob)
 
 
-class _WorkerService:
+class WorkerService:
+    """A worker task's closure runner: a worker process's (``Server``), or an in-process worker
+    of ``_inmemory.InMemoryTransport``. Closures run as worker ``task_index``."""
+
     def __init__(self) -> None:
         self._functions: dict[str, tuple[Any, list]] = {}
         self._lock = threading.Lock()
@@ -407,7 +417,7 @@ class _WorkerService:
             state.begin(fn_refs + touched)
             try:
                 with (
-                    coordinator._worker_index_scope(self.task_index),
+                    coordinator.worker_index_scope(self.task_index),
                     _transport.step_scope(request.step_id),
                     _remote.PullOnUse(state),
                 ):
@@ -416,7 +426,7 @@ class _WorkerService:
                 state.end()
             payload, tensors = dumps(result)
             return pb.ClosureResult(payload=payload, tensors=tensors)
-        except _remote._MissingResource as exc:
+        except _remote.MissingResource as exc:
             return pb.ClosureResult(error_kind="missing_resource", error_message=str(exc))
         except BaseException as exc:
             ps_task = _ps_task_of(exc)
@@ -436,7 +446,7 @@ class _WorkerService:
             creator = loads(request.payload, request.tensors, state.loader([]))
             state.resources[request.resource_id] = creator()
             return pb.ClosureResult()
-        except _remote._MissingResource as exc:
+        except _remote.MissingResource as exc:
             return pb.ClosureResult(error_kind="missing_resource", error_message=str(exc))
         except BaseException as exc:
             return _error_result("input", exc)
@@ -602,14 +612,15 @@ class Server:
         what = f"/job:{job_name}/task:{self._task_index}"
         listen = listen_addresses(address, what, bind_address)
         _transport.configure(
-            {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[misc]
+            # configure is typed for dense jobs; a sparse job's gaps (None) are kept as given.
+            {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[arg-type]
         )
         self._incarnation = uuid.uuid4().hex
-        self._store = _Store(f"/job:{job_name}/replica:0/task:{self._task_index}")
+        self._store = Store(f"/job:{job_name}/replica:0/task:{self._task_index}")
         self._traffic = [0, 0, 0]
         self._count_traffic = False
         self._traffic_lock = threading.Lock()
-        self._worker = _WorkerService()
+        self._worker = WorkerService()
         self._worker.task_index = self._task_index
         token = os.environ.get(_transport.TOKEN_ENV)
         interceptors = [_TokenInterceptor(token)] if token else []
@@ -729,7 +740,7 @@ class Server:
         for request in requests:
             yield self._run_ps(request, context)  # an error ends the call with its status
 
-    def _run_ps(self, request: bytes, context: Any) -> bytes:
+    def _run_ps(self, request: bytes, context: Any) -> bytes:  # type: ignore[return]  # abort raises
         try:
             return self._reply_ps(request)
         except _direct.Status as status:

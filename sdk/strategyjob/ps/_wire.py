@@ -263,7 +263,7 @@ class _Pickler(cloudpickle.CloudPickler):
 
 def dumps(obj: Any, hook: PersistentHook | None = None) -> tuple[bytes, list[pb.Tensor]]:
     """``obj`` as cloudpickle bytes plus the ``Tensor`` messages it refers to."""
-    buffer, tensors = io.BytesIO(), []
+    buffer, tensors = io.BytesIO(), list[pb.Tensor]()
     _Pickler(buffer, tensors, hook).dump(obj)
     return buffer.getvalue(), tensors
 

@@ -36,7 +36,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import cloudpickle
 import torch
@@ -94,8 +94,9 @@ def _to_numpy(value: Any) -> Any:
     return value
 
 
-class RemoteValue:
-    """The future result of a scheduled function (``tf.distribute``'s ``RemoteValue``)."""
+class _Result:
+    """What a scheduled function's ``RemoteValue`` waits for: the closure's worker thread sets
+    it (``RemoteValue`` keeps TensorFlow's public API, ``fetch`` and ``get``)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -103,36 +104,44 @@ class RemoteValue:
         self._value: Any = None
         self._error: BaseException | None = None
 
-    def _set_value(self, value: Any) -> None:
+    @property
+    def status(self) -> RemoteValueStatus:
+        return self._status
+
+    def set_value(self, value: Any) -> None:
         self._value, self._error = value, None
         self._status = RemoteValueStatus.READY
         self._event.set()
 
-    def _set_error(self, error: BaseException) -> None:
+    def set_error(self, error: BaseException) -> None:
         self._error = error
         self._status = RemoteValueStatus.READY
         self._event.set()
 
-    def _reset(self) -> None:
-        self._event.clear()
-        self._status = RemoteValueStatus.NOT_READY
-
-    def _wait(self) -> Any:
+    def wait(self) -> Any:
+        """The value, once set; the error, raised."""
         self._event.wait()
         if self._error is not None:
             raise self._error
         return self._value
 
+
+class RemoteValue:
+    """The future result of a scheduled function (``tf.distribute``'s ``RemoteValue``)."""
+
+    def __init__(self, result: _Result) -> None:
+        self._result = result
+
     def fetch(self) -> Any:
         """Wait for the result and return it with numpy arrays in place of tensors."""
-        return _nest.map_structure(_to_numpy, self._wait())
+        return _nest.map_structure(_to_numpy, self._result.wait())
 
     def get(self) -> Any:
         """Wait for the result and return it as tensors on the coordinator."""
-        return self._wait()
+        return self._result.wait()
 
     def _status_name(self) -> str:
-        return self._status.value
+        return self._result.status.value
 
 
 class PerWorkerValues:
@@ -144,10 +153,6 @@ class PerWorkerValues:
     @property
     def values(self) -> tuple:
         return self._values
-
-    def _component(self, worker_index: int) -> Any:
-        """What a function scheduled on worker ``worker_index`` receives."""
-        return self._values[worker_index]
 
     def __repr__(self) -> str:
         return f"PerWorkerValues({self.values!r})"
@@ -177,23 +182,51 @@ class _Resource:
         self.payload, self.tensors = dumps(creator, _shipping_hook)
 
 
+# The reference each per-worker resource ships as, whichever the worker (``PerWorkerDataset``
+# and the like keep TensorFlow's public API, so the coordinator looks it up here).
+_resource_refs: weakref.WeakKeyDictionary[PerWorkerValues, _ResourceRef] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _component(values: PerWorkerValues, worker_index: int) -> Any:
+    """What a function scheduled on worker ``worker_index`` receives for ``values``."""
+    ref = _resource_refs.get(values)
+    if ref is not None:
+        return ref
+    return values.values[worker_index]
+
+
 class _PerWorkerResource(PerWorkerValues):
     """A resource built on every worker, those that join later included (before they take a
     closure): its ``values`` follow the coordinator's current workers."""
 
-    def __init__(self, coordinator: ClusterCoordinator, creator: Callable[[], Any]) -> None:
+    def __init__(
+        self, coordinator: ClusterCoordinator, pool: _WorkerPool, creator: Callable[[], Any]
+    ) -> None:
         self._coordinator = coordinator
-        resource = coordinator._add_resource(creator)
+        self._pool = pool
+        resource = pool.add_resource(creator)
         super().__init__(())
         self._resource_id = resource.id
+        _resource_refs[self] = _ResourceRef(resource.id)
 
     @property
     def values(self) -> tuple:
         ref = _ResourceRef(self._resource_id)
         return tuple(ref for _ in self._coordinator.worker_indices())
 
-    def _component(self, worker_index: int) -> Any:
-        return _ResourceRef(self._resource_id)
+
+@runtime_checkable
+class DeferredDataset(Protocol):
+    """A dataset a strategy hands out to be built on each worker (``ParameterServerStrategy``'s
+    ``experimental_distribute_dataset`` and ``distribute_datasets_from_function``):
+    ``create_per_worker_dataset`` builds it there with ``creator``."""
+
+    @property
+    def creator(self) -> Callable[[], Any]:
+        """Builds the dataset (called on each worker)."""
+        ...
 
 
 def _make_iterator(dataset: Any) -> Iterator[Any]:
@@ -217,7 +250,9 @@ class PerWorkerDataset(_PerWorkerResource):
 
     def __iter__(self) -> PerWorkerDistributedIterator:
         ref = _ResourceRef(self._resource_id)
-        return PerWorkerDistributedIterator(self._coordinator, lambda: _make_iterator(ref))
+        return PerWorkerDistributedIterator(
+            self._coordinator, self._pool, lambda: _make_iterator(ref)
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,13 +273,14 @@ class _Closure:
         # The same for every attempt: a ps skips the updates of a retried attempt that an
         # earlier one applied (see ``_transport.step_scope``).
         self.step_id = f"{_STEP_PREFIX}-{next(_step_counter)}"
-        self.output = RemoteValue()
+        self.result = _Result()  # set by the worker thread that runs it
+        self.output = RemoteValue(self.result)
         self.ps_failures: collections.Counter[str] = collections.Counter()
 
     def payload(self, worker_index: int) -> tuple[bytes, list]:
         def hook(obj: Any) -> Any:
             if isinstance(obj, PerWorkerValues):
-                component = obj._component(worker_index)
+                component = _component(obj, worker_index)
                 if isinstance(component, _ResourceRef):
                     return ("resource", component.resource_id)
                 if isinstance(component, RemoteValue):
@@ -303,7 +339,7 @@ class _ClosureQueue:
         with self._cond:
             self._inflight -= 1
             if self._error is not None:
-                closure.output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+                closure.result.set_error(errors.CancelledError(CANCELLED_MESSAGE))
             else:
                 self._queue.appendleft(closure)
             self._cond.notify_all()
@@ -314,7 +350,7 @@ class _ClosureQueue:
                 self._error = error
             self._inflight -= 1
             while self._queue:
-                self._queue.popleft().output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+                self._queue.popleft().result.set_error(errors.CancelledError(CANCELLED_MESSAGE))
             self._cond.notify_all()
 
     def record_error(self, error: BaseException) -> None:
@@ -323,7 +359,7 @@ class _ClosureQueue:
             if self._error is None:
                 self._error = error
             while self._queue:
-                self._queue.popleft().output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+                self._queue.popleft().result.set_error(errors.CancelledError(CANCELLED_MESSAGE))
             self._cond.notify_all()
 
     def raise_if_error(self) -> None:
@@ -333,7 +369,7 @@ class _ClosureQueue:
                 return
             self._cond.wait_for(lambda: self._inflight == 0)
             while self._queue:
-                self._queue.popleft().output._set_error(errors.CancelledError(CANCELLED_MESSAGE))
+                self._queue.popleft().result.set_error(errors.CancelledError(CANCELLED_MESSAGE))
             error, self._error = self._error, None
         raise error
 
@@ -366,7 +402,9 @@ _worker_index = threading.local()
 
 
 @contextlib.contextmanager
-def _worker_index_scope(index: int) -> Iterator[None]:
+def worker_index_scope(index: int) -> Iterator[None]:
+    """Run a closure as worker ``index`` (what ``get_current_worker_index`` returns in it): the
+    worker's closure runner (``_server``) enters it."""
     previous = getattr(_worker_index, "value", None)
     _worker_index.value = index
     try:
@@ -404,13 +442,11 @@ class _Running:
 class _Worker:
     """The coordinator's side of one worker: a thread that runs closures on it."""
 
-    def __init__(
-        self, coordinator: ClusterCoordinator, index: int, client: _cluster.WorkerClient
-    ) -> None:
-        self._coordinator_ref = weakref.ref(coordinator)
+    def __init__(self, pool: _WorkerPool, index: int, client: _cluster.WorkerClient) -> None:
+        self._pool = pool
         self.index = index
         self._client = client
-        self._queue = coordinator._queue
+        self._queue = pool.queue
         self._incarnation: str | None = None
         self._sent: set[str] = set()
         self._resources_built: set[int] = set()
@@ -423,7 +459,7 @@ class _Worker:
         self._watch_lock = threading.Lock()
         self._running: dict[int, _Running] = {}
         self._taken_out: set[int] = set()
-        self._report_seconds = coordinator._report_seconds
+        self._report_seconds = pool.report_seconds
         # One closure at a time per worker, as in TensorFlow. More in flight (the next one is
         # already on the worker when the current one ends; the worker still runs them one at a
         # time, in arrival order, which may then differ from the queue's) is a tuning knob.
@@ -507,8 +543,7 @@ class _Worker:
             return
 
     def _ensure_resources(self) -> None:
-        coordinator = self._coordinator_ref()
-        for resource in coordinator._resources_snapshot() if coordinator else ():
+        for resource in self._pool.resources():
             if resource.id in self._resources_built:
                 continue
             reply = self._call(
@@ -556,7 +591,7 @@ class _Worker:
                 try:
                     self._process(closure)
                 except BaseException as exc:
-                    closure.output._set_error(exc)
+                    closure.result.set_error(exc)
                     self._queue.mark_failed(exc)
         finally:
             self._client.close()
@@ -570,7 +605,7 @@ class _Worker:
                 try:
                     self._ensure_resources()
                 except ClosureInputError as exc:
-                    closure.output._set_error(exc)
+                    closure.result.set_error(exc)
                     self._queue.mark_failed(exc)
                     return
             reply = self._run_watched(closure)
@@ -585,7 +620,7 @@ class _Worker:
         kind = reply.error_kind
         if not kind:
             payload = loads(reply.payload, reply.tensors)
-            closure.output._set_value(payload)
+            closure.result.set_value(payload)
             self._queue.mark_finished()
         elif kind == "missing_resource":
             self._resources_built.clear()
@@ -605,14 +640,14 @@ class _Worker:
                     f"Parameter server {reply.ps_task} is unavailable: {reply.error_message} "
                     "Restart the coordinator, recreate the variables and restore a checkpoint."
                 )
-                closure.output._set_error(error)
+                closure.result.set_error(error)
                 self._queue.mark_failed(error)
         else:
-            error = _remote_error(reply)
+            failure = _remote_error(reply)
             if kind == "input":
-                error = ClosureInputError(error)
-            closure.output._set_error(error)
-            self._queue.mark_failed(error)
+                failure = ClosureInputError(failure)
+            closure.result.set_error(failure)
+            self._queue.mark_failed(failure)
 
     def _run_watched(self, closure: _Closure) -> pb.ClosureResult | None:
         """``_execute(closure)`` as the coordinator's watch sees it: None when the closure was
@@ -630,10 +665,9 @@ class _Worker:
             return None
         if not self._ended(thread, lost=False):
             return None
-        coordinator = self._coordinator_ref()
-        if coordinator is not None and not reply.error_kind:
+        if not reply.error_kind:
             seconds = time.monotonic() - running.start
-            coordinator._history.record(closure.function.digest, seconds)
+            self._pool.history.record(closure.function.digest, seconds)
         return reply
 
     def _ended(self, thread: int, lost: bool) -> bool:
@@ -746,13 +780,140 @@ class CoordinatedExtended(Protocol):
 
 # The strategies a coordinator schedules for: ParameterServerStrategy registers itself when it
 # loads (the strategies sit above this layer).
-_coordinated_types: tuple[type, ...] = ()
+_coordinated_types: tuple[type[Any], ...] = ()
 
 
 def register_coordinated_strategy(cls: type) -> None:
     """Let ``ClusterCoordinator`` accept strategies of ``cls``."""
     global _coordinated_types
     _coordinated_types = (*_coordinated_types, cls)
+
+
+class _WorkerPool:
+    """The coordinator's workers and what their threads share with it: the closure queue, the
+    per-worker resources, the closures' run times and the watch over the closures in flight.
+
+    ``ClusterCoordinator`` keeps TensorFlow's public API and delegates here. The worker threads,
+    the closure watch and the exit handler hold the pool, never the coordinator, so that a
+    coordinator no longer used is collected (its ``__del__`` shuts the pool down).
+    """
+
+    def __init__(self) -> None:
+        self.queue = _ClosureQueue()
+        self._resources: list[_Resource] = []
+        self._resources_lock = threading.Lock()
+        # A bad setting is refused here, before any closure runs.
+        self._stuck_policy = stuck.policy_from_env()
+        self.report_seconds = waiting.positive_seconds(
+            waiting.ENV_WAITING_REPORT_SECONDS, waiting.DEFAULT_REPORT_SECONDS
+        )
+        self.history = _closure_watch.History()
+        self.watch_stop = threading.Event()
+        # The workers closures are scheduled onto (replaced whole on a resize, so that readers
+        # need no lock) and those that left with a closure still in flight.
+        self._membership_lock = threading.Lock()
+        self._members: dict[int, str] = {}
+        self.workers: dict[int, _Worker] = {}
+        self._leaving: list[_Worker] = []
+
+    # -- per-worker resources -------------------------------------------------------------
+    def add_resource(self, creator: Callable[[], Any]) -> _Resource:
+        """A new resource, built by every worker before its next closure."""
+        with self._resources_lock:
+            resource = _Resource(len(self._resources), creator)
+            self._resources.append(resource)
+            return resource
+
+    def resources(self) -> list[_Resource]:
+        """The resources so far, in creation order."""
+        with self._resources_lock:
+            return list(self._resources)
+
+    # -- membership -----------------------------------------------------------------------
+    def refresh(self, transport: _cluster.PSTransport) -> _membership.Change:
+        """Follow ``transport``'s membership (see ``ClusterCoordinator.refresh_workers``)."""
+        with self._membership_lock:
+            members = transport.workers()
+            change = _membership.change(self._members, members)
+            if not change:
+                return change
+            initial = not self._members
+            workers = dict(self.workers)
+            for index in change.removed:
+                leaving = workers.pop(index)
+                leaving.stop()
+                self._leaving.append(leaving)
+            for index in change.added:
+                workers[index] = _Worker(self, index, transport.worker(index))
+            self.workers = dict(sorted(workers.items()))
+            self._members = dict(members)
+        if not initial:
+            _say(_membership_line(change, tuple(self.workers)))
+        return change
+
+    def all_workers(self) -> list[_Worker]:
+        """Current workers and those that left with a closure still in flight."""
+        with self._membership_lock:
+            self._leaving = [w for w in self._leaving if w.alive()]
+            return [*self.workers.values(), *self._leaving]
+
+    # -- stuck closures -------------------------------------------------------------------
+    def check(self, worker: _Worker, now: float) -> None:
+        """Say whom ``worker``'s closures keep waiting, or take it out if one is stuck."""
+        for running in worker.running():
+            function = running.closure.function
+            seconds = now - running.start
+            completed, longest = self.history.of(function.digest)
+            policy = self._stuck_policy
+            limit = None if policy is None else _closure_watch.bound(policy, completed, longest)
+            if limit is not None and seconds >= limit.seconds:
+                self.take_out(worker, running, seconds, limit)
+                return
+            if running.reporter.due(now) and seconds > longest:
+                line = _closure_watch.waiting_line(
+                    function.name, worker.name, seconds, completed, longest, limit
+                )
+                _say(line)
+
+    def take_out(
+        self, worker: _Worker, stuck_run: _Running, seconds: float, limit: _closure_watch.Bound
+    ) -> None:
+        """Take ``worker`` out: its closures go back to the queue for the others; with no
+        other worker left, the stuck one fails the job (``join`` raises)."""
+        taken = worker.take_out(stuck_run)
+        if not taken:  # it ended meanwhile: the worker and its closures stay as they are
+            return
+        function = stuck_run.closure.function.name
+        if all(w.taken_out for w in self.workers.values()):
+            error = errors.DeadlineExceededError(
+                _closure_watch.stuck_message(function, worker.name, seconds, limit)
+            )
+            for running in taken:
+                if running is not stuck_run:
+                    self.queue.put_back(running.closure)
+            stuck_run.closure.result.set_error(error)
+            self.queue.mark_failed(error)
+            return
+        _say(_closure_watch.taken_out_line(function, worker.name, seconds, limit))
+        for running in taken:
+            self.queue.put_back(running.closure)
+
+    # -- shutdown -------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the worker threads (at exit, or when the coordinator is collected)."""
+        self.watch_stop.set()
+        workers = self.all_workers()
+        for worker in workers:
+            worker.stop()
+        self.queue.stop()
+        for worker in workers:
+            if not worker.taken_out:  # else a thread waits for a stuck closure: see _stop_all
+                worker.join(timeout=2.0)
+
+    def join(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s each) for the worker threads still running."""
+        for worker in self.all_workers():
+            worker.join(timeout)
 
 
 class ClusterCoordinator:
@@ -776,33 +937,18 @@ class ClusterCoordinator:
         coordinator = super().__new__(cls)
         coordinator._init(strategy, extended)
         extended.attach_coordinator(coordinator)
-        _live.add(coordinator)
         return coordinator
 
     def _init(self, strategy: Any, extended: CoordinatedExtended) -> None:
         self._strategy = strategy
         self._extended = extended
-        self._queue = _ClosureQueue()
         self._functions: dict[int, tuple[Any, _ShippedFunction]] = {}
-        self._resources: list[_Resource] = []
-        self._resources_lock = threading.Lock()
-        # A bad setting is refused here, before any closure runs.
-        self._stuck_policy = stuck.policy_from_env()
-        self._report_seconds = waiting.positive_seconds(
-            waiting.ENV_WAITING_REPORT_SECONDS, waiting.DEFAULT_REPORT_SECONDS
-        )
-        self._history = _closure_watch.History()
-        self._watch_stop = threading.Event()
-        # The workers it schedules onto (replaced whole on a resize, so that readers need no
-        # lock) and those that left with a closure still in flight.
-        self._membership_lock = threading.Lock()
-        self._members: dict[int, str] = {}
-        self._workers: dict[int, _Worker] = {}
-        self._leaving: list[_Worker] = []
+        self._pool = _WorkerPool()
+        _live.add(self._pool)
         self.refresh_workers()
         threading.Thread(
             target=_watch,
-            args=(weakref.ref(self), self._watch_stop),
+            args=(weakref.ref(self), self._pool),
             name="ClosureWatch",
             daemon=True,
         ).start()
@@ -817,7 +963,7 @@ class ClusterCoordinator:
     def worker_indices(self) -> tuple[int, ...]:
         """The indices of the workers closures are scheduled onto now (a strategyjob addition:
         they change while the job is resized)."""
-        return tuple(self._workers)
+        return tuple(self._pool.workers)
 
     def refresh_workers(self) -> _membership.Change:
         """Follow the transport's membership (``PSTransport.workers``): a worker that joined
@@ -825,41 +971,7 @@ class ClusterCoordinator:
         one that left takes no new closure (the one in flight ends there, or is put back if the
         worker is lost first). The coordinator calls it every ``WATCH_TICK``; a strategyjob
         addition, public so that a caller that just resized need not wait for the tick."""
-        transport = self._extended.transport
-        with self._membership_lock:
-            members = transport.workers()
-            change = _membership.change(self._members, members)
-            if not change:
-                return change
-            initial = not self._members
-            workers = dict(self._workers)
-            for index in change.removed:
-                leaving = workers.pop(index)
-                leaving.stop()
-                self._leaving.append(leaving)
-            for index in change.added:
-                workers[index] = _Worker(self, index, transport.worker(index))
-            self._workers = dict(sorted(workers.items()))
-            self._members = dict(members)
-        if not initial:
-            _say(_membership_line(change, tuple(self._workers)))
-        return change
-
-    def _all_workers(self) -> list[_Worker]:
-        """Current workers and those that left with a closure still in flight."""
-        with self._membership_lock:
-            self._leaving = [w for w in self._leaving if w.alive()]
-            return [*self._workers.values(), *self._leaving]
-
-    def _add_resource(self, creator: Callable[[], Any]) -> _Resource:
-        with self._resources_lock:
-            resource = _Resource(len(self._resources), creator)
-            self._resources.append(resource)
-            return resource
-
-    def _resources_snapshot(self) -> list[_Resource]:
-        with self._resources_lock:
-            return list(self._resources)
+        return self._pool.refresh(self._extended.transport)
 
     def _shipped(self, fn: Callable[..., Any]) -> _ShippedFunction:
         entry = self._functions.get(id(fn))
@@ -886,24 +998,24 @@ class ClusterCoordinator:
                     "`tf.distribute.experimental.coordinator.RemoteValue` used as an input to "
                     "scheduled function is not yet supported."
                 )
-        self._queue.raise_if_error()
+        self._pool.queue.raise_if_error()
         self._extended.before_schedule()
         closure = _Closure(self._shipped(fn), args, kwargs)
-        self._queue.put(closure)
+        self._pool.queue.put(closure)
         return closure.output
 
     def join(self) -> None:
         """Block until every scheduled function has finished; raise the first error."""
-        self._queue.wait()
+        self._pool.queue.wait()
 
     def done(self) -> bool:
         """Whether every scheduled function has finished (raises the first error)."""
-        return self._queue.done()
+        return self._pool.queue.done()
 
     def idle(self) -> bool:
         """Whether no scheduled function is queued or running, errors aside (a strategyjob
         addition, for the strategy: the ps values are then settled). Raises nothing."""
-        return self._queue.idle()
+        return self._pool.queue.idle()
 
     def fetch(self, val: Any) -> Any:
         """``val`` with every ``RemoteValue`` replaced by its fetched result."""
@@ -912,8 +1024,8 @@ class ClusterCoordinator:
     def create_per_worker_dataset(self, dataset_fn: Any) -> PerWorkerDataset:
         """Build ``dataset_fn()`` (or the given dataset) on every worker; iterate it with
         ``iter()`` and pass the iterator to scheduled functions."""
-        if hasattr(dataset_fn, "_creator"):  # from experimental_distribute_dataset & co.
-            creator = dataset_fn._creator
+        if isinstance(dataset_fn, DeferredDataset):  # from experimental_distribute_dataset & co.
+            creator = dataset_fn.creator
         elif callable(dataset_fn) and not hasattr(dataset_fn, "__iter__"):
             creator = dataset_fn
         else:
@@ -923,84 +1035,27 @@ class ClusterCoordinator:
                 return dataset
 
         self._extended.before_create_resources()
-        return PerWorkerDataset(self, creator)
+        return PerWorkerDataset(self, self._pool, creator)
 
     def _create_per_worker_resources(self, fn: Callable[[], Any]) -> PerWorkerValues:
-        return _PerWorkerResource(self, fn)
-
-    # -- stuck closures ------------------------------------------------------------------
-    def _check(self, worker: _Worker, now: float) -> None:
-        for running in worker.running():
-            function = running.closure.function
-            seconds = now - running.start
-            completed, longest = self._history.of(function.digest)
-            policy = self._stuck_policy
-            limit = None if policy is None else _closure_watch.bound(policy, completed, longest)
-            if limit is not None and seconds >= limit.seconds:
-                self._take_out(worker, running, seconds, limit)
-                return
-            if running.reporter.due(now) and seconds > longest:
-                line = _closure_watch.waiting_line(
-                    function.name, worker.name, seconds, completed, longest, limit
-                )
-                _say(line)
-
-    def _take_out(
-        self, worker: _Worker, stuck_run: _Running, seconds: float, limit: _closure_watch.Bound
-    ) -> None:
-        """Take ``worker`` out: its closures go back to the queue for the others; with no
-        other worker left, the stuck one fails the job (``join`` raises)."""
-        taken = worker.take_out(stuck_run)
-        if not taken:  # it ended meanwhile: the worker and its closures stay as they are
-            return
-        function = stuck_run.closure.function.name
-        if all(w.taken_out for w in self._workers.values()):
-            error = errors.DeadlineExceededError(
-                _closure_watch.stuck_message(function, worker.name, seconds, limit)
-            )
-            for running in taken:
-                if running is not stuck_run:
-                    self._queue.put_back(running.closure)
-            stuck_run.closure.output._set_error(error)
-            self._queue.mark_failed(error)
-            return
-        _say(_closure_watch.taken_out_line(function, worker.name, seconds, limit))
-        for running in taken:
-            self._queue.put_back(running.closure)
-
-    def _shutdown(self) -> None:
-        """Stop the worker threads (at exit, or when the coordinator is collected)."""
-        watch_stop = getattr(self, "_watch_stop", None)
-        if watch_stop is not None:
-            watch_stop.set()
-        workers = self._all_workers() if hasattr(self, "_leaving") else []
-        for worker in workers:
-            worker.stop()
-        queue = getattr(self, "_queue", None)
-        if queue is not None:
-            queue.stop()
-        for worker in workers:
-            if not worker.taken_out:  # else a thread waits for a stuck closure: see _stop_all
-                worker.join(timeout=2.0)
-
-    def _join_workers(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s each) for the worker threads still running."""
-        workers = self._all_workers() if hasattr(self, "_leaving") else []
-        for worker in workers:
-            worker.join(timeout)
+        return _PerWorkerResource(self, self._pool, fn)
 
     def __del__(self) -> None:
-        self._shutdown()
+        pool = getattr(self, "_pool", None)  # None: refused while being created
+        if pool is not None:
+            pool.shutdown()
 
 
-_live: weakref.WeakSet[ClusterCoordinator] = weakref.WeakSet()
+# The pools of the coordinators alive, or of those whose worker threads still run.
+_live: weakref.WeakSet[_WorkerPool] = weakref.WeakSet()
 WATCH_TICK = 0.25  # seconds between two looks at the closures in flight
 
 
-def _watch(ref: weakref.ref[ClusterCoordinator], stop: threading.Event) -> None:
-    """Every tick: say whom the coordinator waits for, take out a worker stuck in a closure
-    (holds the coordinator only while it looks, so that it can still be collected)."""
-    while not stop.wait(WATCH_TICK):
+def _watch(ref: weakref.ref[ClusterCoordinator], pool: _WorkerPool) -> None:
+    """Every tick: follow the membership, say whom the coordinator waits for, take out a worker
+    stuck in a closure (holds the coordinator only while it looks, so that it can still be
+    collected)."""
+    while not pool.watch_stop.wait(WATCH_TICK):
         coordinator = ref()
         if coordinator is None:
             return
@@ -1008,9 +1063,9 @@ def _watch(ref: weakref.ref[ClusterCoordinator], stop: threading.Event) -> None:
             coordinator.refresh_workers()
         except Exception as exc:  # (a transport's membership source failing): try next tick
             log.warning("Could not refresh the workers' membership: %s", exc)
-        for worker in coordinator._all_workers():
-            coordinator._check(worker, time.monotonic())
         del coordinator
+        for worker in pool.all_workers():
+            pool.check(worker, time.monotonic())
 
 
 def _membership_line(change: _membership.Change, now: tuple[int, ...]) -> str:
@@ -1026,13 +1081,13 @@ def _membership_line(change: _membership.Change, now: tuple[int, ...]) -> str:
 
 @atexit.register
 def _stop_all() -> None:
-    coordinators = list(_live)
-    for coordinator in coordinators:
-        coordinator._shutdown()
+    pools = list(_live)
+    for pool in pools:
+        pool.shutdown()
     # Closing the channels cancels the calls still in flight: a thread that waits for a
     # stuck closure wakes and ends now. Left to wake while the interpreter finalizes, it
     # would abort the process (SIGABRT: "terminate called without an active exception")
     # after the program had succeeded.
     _cluster.close_grpc()
-    for coordinator in coordinators:
-        coordinator._join_workers(timeout=2.0)
+    for pool in pools:
+        pool.join(timeout=2.0)

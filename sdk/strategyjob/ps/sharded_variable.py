@@ -26,12 +26,12 @@ def _as_tensor(value: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 
 def _gather_rows(shard: Any, local_ids: torch.Tensor) -> torch.Tensor:
-    """Rows ``local_ids`` of one shard, without copying the shard when it is local."""
-    gather = getattr(shard, "_gather", None)
-    if gather is not None:
-        return gather(local_ids)
-    tensor = shard._value_for_op() if hasattr(shard, "_value_for_op") else _as_tensor(shard)
-    return tensor.detach().index_select(0, local_ids)
+    """Rows ``local_ids`` of one shard: read by the shard when it can (a ps variable's
+    ``sparse_read`` brings only those rows), else without copying the local shard."""
+    sparse_read = getattr(shard, "sparse_read", None)
+    if sparse_read is not None:
+        return sparse_read(local_ids)
+    return _as_tensor(shard).index_select(0, local_ids)
 
 
 class ShardedVariable(_TensorLike):
@@ -253,5 +253,5 @@ def embedding_lookup(params: Any, ids: Any) -> torch.Tensor:
     if isinstance(params, (list, tuple)):
         return ShardedVariable(list(params)).embedding_lookup(ids)
     ids = _as_tensor(ids).to(torch.long)
-    table = params._value_for_op() if hasattr(params, "_value_for_op") else params
+    table = _unwrap(params)  # a variable: the tensor it reads as
     return torch.nn.functional.embedding(ids, table)

@@ -79,6 +79,11 @@ class _PSDataset:
     def __init__(self, creator: Callable[[], Any]) -> None:
         self._creator = creator
 
+    @property
+    def creator(self) -> Callable[[], Any]:
+        """What builds the dataset on each worker (``coordinator.DeferredDataset``)."""
+        return self._creator
+
     def __iter__(self) -> Any:
         raise ValueError(DATASET_MESSAGE)
 

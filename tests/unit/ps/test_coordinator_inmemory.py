@@ -100,7 +100,7 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
         for cluster in made:
             cluster.transport.close()  # (a worker thread waiting for its worker stops waiting)
             if cluster.coordinator is not None:
-                cluster.coordinator._shutdown()
+                cluster.coordinator._pool.shutdown()
         _cluster.use(previous)
 
 
@@ -126,7 +126,7 @@ def test_scheduled_functions_run_and_return_remote_values(make_cluster, workers,
     coordinator.join()
     assert coordinator.done()
     for i, result in enumerate(results):
-        assert result._status is RemoteValueStatus.READY
+        assert result._result.status is RemoteValueStatus.READY
         value, worker = result.fetch()
         assert value == 2 * i and 0 <= worker < workers
     assert cluster.v.read_value().item() == functions  # every update applied once
@@ -364,7 +364,7 @@ def test_a_worker_stuck_in_a_closure_is_taken_out_and_every_step_is_applied_once
 
     # It wakes: its update reaches the ps, which skips it (the rescheduled run applied it).
     gate.set()
-    _poll(lambda: not coordinator._workers[1].taken_out, "worker 1 to finish its closure")
+    _poll(lambda: not coordinator._pool.workers[1].taken_out, "worker 1 to finish its closure")
     assert cluster.v.read_value().item() == 40
     assert "/job:worker/replica:0/task:1 finished its stuck closure" in capfd.readouterr().err
     # And takes closures again.
@@ -440,11 +440,11 @@ def test_a_stuck_verdict_on_a_closure_that_ended_meanwhile_takes_nothing_out(mak
     coordinator = cluster.start()
     gate = _gate("next")
     result = coordinator.schedule(_wait_for_gate, args=("next",))
-    worker = coordinator._workers[0]
+    worker = coordinator._pool.workers[0]
     _poll(lambda: bool(worker.running()), "the closure running on the worker")
     current = worker.running()[0]
     ended = _Running(current.closure, 0.0, 10.0)  # the verdict's closure: no longer running
-    coordinator._take_out(worker, ended, 5.0, Bound(4.0, "a test bound"))
+    coordinator._pool.take_out(worker, ended, 5.0, Bound(4.0, "a test bound"))
     assert not worker.taken_out
     assert worker.running() == [current]
     gate.set()
@@ -488,7 +488,7 @@ def test_workers_join_and_leave_2_4_1_3_and_every_step_is_applied_once(make_clus
     transport = cluster.transport
     coordinator = cluster.start()
     iterator = iter(coordinator.create_per_worker_dataset(lambda: iter(range(10**6))))
-    first_worker_0 = coordinator._workers[0]
+    first_worker_0 = coordinator._pool.workers[0]
     scheduled, counts = 0, []
     for size in (2, 4, 1, 3):
         _resize(cluster, size)
@@ -509,7 +509,7 @@ def test_workers_join_and_leave_2_4_1_3_and_every_step_is_applied_once(make_clus
     assert counts == sorted(set(counts))  # the step counter strictly increases
     assert counts[-1] == scheduled == len(transport.closures)  # each step run and applied once
     # The worker that stayed throughout kept its connection and its dataset and iterator.
-    assert coordinator._workers[0] is first_worker_0
+    assert coordinator._pool.workers[0] is first_worker_0
     assert [resource for worker, resource in transport.resources if worker == 0] == [0, 1]
     # The workers that joined again got their resources built again (worker 1's process
     # stayed up, yet a worker that joins is not trusted to hold what it had).
@@ -523,7 +523,7 @@ def test_a_worker_that_joins_takes_a_waiting_closure_within_a_second(make_cluste
     gate = _gate("busy")
     busy = coordinator.schedule(_wait_for_gate, args=("busy",))  # worker 0 is busy
     waiting = coordinator.schedule(_counted_step, args=(cluster.v, iterator))
-    _poll(lambda: bool(coordinator._workers[0].running()), "worker 0 to be busy")
+    _poll(lambda: bool(coordinator._pool.workers[0].running()), "worker 0 to be busy")
     joined = time.monotonic()
     cluster.transport.add_worker(1)
     assert waiting.fetch() == (1, 0)  # on the new worker, from its own new iterator
@@ -549,7 +549,7 @@ def test_a_leaving_workers_closure_in_flight_ends_there_or_runs_elsewhere_once(
     if goes_away:  # it runs the closure (updates applied), then its process ends, no reply
         transport.lose_worker_on_next(0, after_running=True)
     in_flight = coordinator.schedule(_add_one_after_gate, args=(cluster.v, "leaving"))
-    _poll(lambda: bool(coordinator._workers[0].running()), "worker 0 to run the closure")
+    _poll(lambda: bool(coordinator._pool.workers[0].running()), "worker 0 to run the closure")
     transport.add_worker(1)
     transport.remove_worker(0)
     _poll(lambda: coordinator.worker_indices() == (1,), "worker 0 to leave")
@@ -561,4 +561,4 @@ def test_a_leaving_workers_closure_in_flight_ends_there_or_runs_elsewhere_once(
     assert [r.fetch() for r in later] == [1, 1, 1]
     assert cluster.v.read_value().item() == 4  # the retried step's update applied once
     assert len(cluster.steps_on(0)) == attempts_on_leaving  # it took nothing after leaving
-    _poll(lambda: len(coordinator._all_workers()) == 1, "the leaving worker's threads to end")
+    _poll(lambda: len(coordinator._pool.all_workers()) == 1, "the leaving worker's threads to end")

@@ -28,7 +28,7 @@ UNIQUE = torch.tensor([2, 0])
 
 
 def _ps_scatter(kind: str, indices: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    store = _server._Store()
+    store = _server.Store()
     store.run(_transport.encode_ops([Op("create", "v", INITIAL)]))
     reply = store.run(_transport.encode_ops([Op(kind, "v", updates, indices, read_back=True)]))
     return _transport.decode_results(reply)[0]
