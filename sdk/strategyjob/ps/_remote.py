@@ -59,14 +59,14 @@ def var_op(op: str, key: str, value: Any = None, indices: Any = None, **kw: Any)
 class PSVariable(_variables.Variable):
     """A variable held by parameter server ``task`` under the unique key ``key``."""
 
-    # Set by ``_handle`` (no value here: the ps holds it).
+    # Set by ``from_ps`` (no value here: the ps holds it).
     _key: str
     _task: int
     _shape: torch.Size
     _dtype: torch.dtype
 
     @classmethod
-    def _handle(
+    def from_ps(
         cls,
         *,
         key: str,
@@ -79,6 +79,8 @@ class PSVariable(_variables.Variable):
         aggregation: Any = _variables.VariableAggregation.NONE,
         strategy: Any = None,
     ) -> PSVariable:
+        """A handle to the variable the ps task ``task`` holds under ``key`` (its value stays
+        there): what ParameterServerStrategy makes in its scope, and what a worker unpickles."""
         variable = object.__new__(cls)
         variable._key = key
         variable._task = task
@@ -104,7 +106,7 @@ class PSVariable(_variables.Variable):
             synchronization=self._synchronization,
             aggregation=self._aggregation,
         )
-        return (functools.partial(PSVariable._handle, **meta), ())
+        return (functools.partial(PSVariable.from_ps, **meta), ())
 
     @property
     def dtype(self) -> torch.dtype:

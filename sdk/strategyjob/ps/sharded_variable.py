@@ -77,6 +77,12 @@ class ShardedVariable(_TensorLike):
         return self._name
 
     @property
+    def distribute_strategy(self) -> Any:
+        """The strategy its shards were created in (None for shards made outside any), as
+        every other kind of variable answers."""
+        return getattr(self._variables[0], "distribute_strategy", None)
+
+    @property
     def shape(self) -> torch.Size:
         return self._shape
 

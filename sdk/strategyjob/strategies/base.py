@@ -396,7 +396,7 @@ class StrategyExtended:
 
     def variable_created_in_scope(self, v: Any) -> bool:
         """Whether ``v`` was created while this strategy's scope was active."""
-        return getattr(v, "_distribute_strategy", None) is self.container_strategy()
+        return getattr(v, "distribute_strategy", None) is self.container_strategy()
 
     def value_container(self, value: Any) -> Any:
         """The distributed variable that ``value`` is a component of, else ``value``."""
@@ -971,7 +971,7 @@ class _DefaultDistributionExtended(_SingleReplicaExtendedMixin, StrategyExtended
         return _variables.create_plain_variable(None, initial_value, device=None, **kwargs)
 
     def variable_created_in_scope(self, v: Any) -> bool:
-        return getattr(v, "_distribute_strategy", None) is None
+        return getattr(v, "distribute_strategy", None) is None
 
     def _update(self, var: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, group: bool):
         result = fn(var, *args, **kwargs)

@@ -198,14 +198,12 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             )
             for i, (offset, size) in enumerate(div_partition(tensor.shape[0], n))
         ]
-        sharded = ShardedVariable(shards, name=base)
-        sharded._distribute_strategy = strategy  # type: ignore[attr-defined]  # as variables'
-        return sharded
+        return ShardedVariable(shards, name=base)  # its strategy: its shards'
 
     def _make(self, tensor, task, name, base, strategy, common) -> _remote.PSVariable:
         key = self._key(base)
         self.transport.run_ps_ops(task, [_remote.var_op("create", key, tensor)], wait=True)
-        return _remote.PSVariable._handle(
+        return _remote.PSVariable.from_ps(
             key=key,
             task=task,
             shape=tensor.shape,
@@ -226,7 +224,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
             self._colocate_with = previous
 
     def variable_created_in_scope(self, v: Any) -> bool:
-        return getattr(v, "_distribute_strategy", None) is self.container_strategy()
+        return getattr(v, "distribute_strategy", None) is self.container_strategy()
 
     # --- module parameters ---------------------------------------------------------------
     def on_scope_exited(self) -> None:
@@ -319,7 +317,7 @@ class ParameterServerStrategyExtended(_SingleReplicaExtendedMixin, StrategyExten
     def optimizer_slots(self, opt: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
         """The state the ps keep for ``opt`` (momentum and the like), laid out as its
         ``state_dict()["state"]``: by parameter index, each sharded parameter's shards joined."""
-        if getattr(opt, "_sj_key", None) is None:  # never shipped: never stepped on the ps
+        if _remote.given_optimizer_key(opt) is None:  # never shipped: never stepped on the ps
             return {}
         self._flush_parameters()
         wanted = list(self._ps_parameters(opt))
