@@ -56,7 +56,7 @@ _PUBLIC: dict[str, str] = {
     "TPUStrategy": ".strategies.tpu",
     # parameter servers
     "ShardedVariable": ".ps.sharded_variable",
-    "Server": ".ps._server",
+    "Server": ".ps.server",
     # training progress (torch-free)
     "report": "._progress",
 }

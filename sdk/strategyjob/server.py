@@ -32,7 +32,7 @@ __all__ = ["main"]  # and `Server`, loaded lazily
 
 def __getattr__(name: str):  # lazy: importing this module must not start anything
     if name == "Server":
-        from strategyjob.ps._server import Server
+        from strategyjob.ps.server import Server
 
         return Server
     raise AttributeError(name)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     _tune_process()
     from strategyjob.cluster_resolver import TFConfigClusterResolver
     from strategyjob.ps import _transport
-    from strategyjob.ps._server import Server, split_address
+    from strategyjob.ps.server import Server, split_address
     from strategyjob.strategies import base  # noqa: F401  (the functions it runs may ask for it)
 
     try:

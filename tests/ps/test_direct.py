@@ -15,9 +15,9 @@ from strategyjob import errors
 from strategyjob import server as server_main
 from strategyjob.ps import _direct, _transport
 from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._server import Server
 from strategyjob.ps._transport import Op
 from strategyjob.ps._wire import CHANNEL_OPTIONS
+from strategyjob.ps.server import Server
 
 from .conftest import free_ports
 

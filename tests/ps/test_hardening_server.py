@@ -18,9 +18,9 @@ import grpc
 import pytest
 import torch
 from strategyjob.ps import _direct, _transport
-from strategyjob.ps._server import MAX_CALLS_ENV, Server
 from strategyjob.ps._transport import RUN_METHOD, RUN_STREAM_METHOD, Op
 from strategyjob.ps._wire import CHANNEL_OPTIONS
+from strategyjob.ps.server import MAX_CALLS_ENV, Server
 
 from .conftest import SDK, free_ports
 

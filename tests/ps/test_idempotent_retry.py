@@ -18,9 +18,9 @@ import torch
 from strategyjob import errors
 from strategyjob.ps import _transport
 from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._server import AppliedUpdates, Store
 from strategyjob.ps._transport import Op
 from strategyjob.ps.coordinator import ClusterCoordinator
+from strategyjob.ps.server import AppliedUpdates, Store
 from strategyjob.strategies.parameter_server import ParameterServerStrategy
 
 pytestmark = pytest.mark.timeout(180)

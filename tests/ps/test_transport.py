@@ -13,9 +13,9 @@ import strategyjob
 import torch
 from strategyjob import errors
 from strategyjob.ps import _remote, _transport
-from strategyjob.ps._server import Server
 from strategyjob.ps._wire import dumps, from_proto, loads, to_proto
 from strategyjob.ps.coordinator import ClusterCoordinator
+from strategyjob.ps.server import Server
 from strategyjob.strategies.parameter_server import ParameterServerStrategy
 
 from .conftest import SDK, free_ports

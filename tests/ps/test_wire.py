@@ -13,8 +13,8 @@ import torch
 from strategyjob import errors
 from strategyjob.ps import _remote, _transport, _wire
 from strategyjob.ps import strategyjob_ps_pb2 as pb
-from strategyjob.ps._server import Server, Store
 from strategyjob.ps._transport import Op, decode_results, encode_ops, encode_results
+from strategyjob.ps.server import Server, Store
 
 from .conftest import free_ports
 

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 from strategyjob.ps import _remote, _transport
-from strategyjob.ps._server import Server
 from strategyjob.ps._transport import Op
+from strategyjob.ps.server import Server
 
 from .conftest import free_ports
 

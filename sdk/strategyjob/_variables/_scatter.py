@@ -1,5 +1,5 @@
 """The sparse-update kernel of ``Variable.scatter_*``: one implementation for a variable held
-in this process (``_plain``) and one held by a parameter server (``ps._server``), so that both
+in this process (``_plain``) and one held by a parameter server (``ps.server``), so that both
 give the same rows for the same ``IndexedSlices``."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Keras 3's optimizer update rules as torch optimizers, for the parameter servers to run.
 
 A ps applies a step's gradients with the torch optimizer class its request names
-(``ps._server``), one instance per variable; these classes are the torch backend's own update
+(``ps.server``), one instance per variable; these classes are the torch backend's own update
 of ``keras.optimizers.SGD`` / ``Adam`` / ``AdamW`` (Keras 3.10 to 3.15:
 ``keras/src/backend/torch/optimizers/torch_{sgd,adam}.py`` and the base optimizer's weight
 decay), operation for operation and in the same dtypes, so that the ps's weights and slots

@@ -1,8 +1,8 @@
 """``InMemoryTransport``: a whole parameter-server cluster inside this process, for tests.
 
-The ps tasks are the servers' own stores (``_server.Store``: the same op execution, update ids
+The ps tasks are the servers' own stores (``ps_server.Store``: the same op execution, update ids
 and errors as a ps process) and the workers the servers' own closure runners
-(``_server.WorkerService``, each with its own parameters and resources), reached through the
+(``ps_server.WorkerService``, each with its own parameters and resources), reached through the
 same encoded requests as over gRPC, without sockets, threads of their own or subprocesses.
 Tests make a worker or a ps unavailable (``set_worker_available``, ``lose_worker_on_next``,
 ``set_ps_available``) or restart a worker (``restart_worker``); the coordinator then sees the
@@ -18,7 +18,8 @@ import uuid
 import torch
 
 from strategyjob import errors
-from strategyjob.ps import _remote, _server, _transport
+from strategyjob.ps import _remote, _transport
+from strategyjob.ps import server as ps_server
 from strategyjob.ps import strategyjob_ps_pb2 as pb
 from strategyjob.ps._cluster import worker_name
 from strategyjob.ps._transport import Op
@@ -31,7 +32,7 @@ class _Worker:
 
     def __init__(self, index: int) -> None:
         self.incarnation = uuid.uuid4().hex
-        self.service = _server.WorkerService()
+        self.service = ps_server.WorkerService()
         self.service.task_index = index
         self.state = _remote.WorkerState()
         self.available = True
@@ -53,7 +54,7 @@ class InMemoryTransport:
                 f"num_workers={num_workers}, num_ps={num_ps}"
             )
         self._cond = threading.Condition()
-        self._ps = [_server.Store(_ps_name(i)) for i in range(num_ps)]
+        self._ps = [ps_server.Store(_ps_name(i)) for i in range(num_ps)]
         self._ps_up = [True] * num_ps
         # The worker processes (a removed one may still run, as a terminating pod does) and
         # those in the cluster's membership.
@@ -91,8 +92,8 @@ class InMemoryTransport:
         request = _transport.encode_ops(ops, _transport.next_update_id(task, ops))
         try:
             reply = self._ps[task].run(request)
-        except _server.PS_REQUEST_ERRORS as exc:
-            status = _server.ps_status(exc)
+        except ps_server.PS_REQUEST_ERRORS as exc:
+            status = ps_server.ps_status(exc)
             _transport.raise_for_status(status.code, status.details, what)
             raise  # (raise_for_status always raises)
         return _transport.decode_results(reply)

@@ -404,7 +404,7 @@ _worker_index = threading.local()
 @contextlib.contextmanager
 def worker_index_scope(index: int) -> Iterator[None]:
     """Run a closure as worker ``index`` (what ``get_current_worker_index`` returns in it): the
-    worker's closure runner (``_server``) enters it."""
+    worker's closure runner (``ps.server``) enters it."""
     previous = getattr(_worker_index, "value", None)
     _worker_index.value = index
     try:

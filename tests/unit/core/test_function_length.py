@@ -29,7 +29,7 @@ WHOLE = {
         "one ladder of rules (its docstring's bullets, in order); each rung reads what the "
         "ones before it left"
     ),
-    "sdk/strategyjob/ps/_server.py::__init__": (
+    "sdk/strategyjob/ps/server.py::__init__": (
         "the server's parts in the order each needs the one before: the cluster checked, the "
         "store and worker service, the gRPC server and its handlers, the direct streams, the "
         "ports"

@@ -8,7 +8,8 @@ import strategyjob as sj
 import torch
 from strategyjob._variables import IndexedSlices
 from strategyjob._variables._scatter import SCATTER_OPS, scatter_
-from strategyjob.ps import _server, _transport
+from strategyjob.ps import _transport
+from strategyjob.ps import server as ps_server
 from strategyjob.ps._transport import Op
 
 INITIAL = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
@@ -28,7 +29,7 @@ UNIQUE = torch.tensor([2, 0])
 
 
 def _ps_scatter(kind: str, indices: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    store = _server.Store()
+    store = ps_server.Store()
     store.run(_transport.encode_ops([Op("create", "v", INITIAL)]))
     reply = store.run(_transport.encode_ops([Op(kind, "v", updates, indices, read_back=True)]))
     return _transport.decode_results(reply)[0]
