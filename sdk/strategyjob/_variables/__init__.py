@@ -30,6 +30,7 @@ from strategyjob import _values
 from strategyjob._variables._aggregating import AggregatingVariable
 from strategyjob._variables._common import (
     IndexedSlices,
+    TensorProtocol,
     VariableAggregation,
     VariableSynchronization,
     _dtype_name,
@@ -63,6 +64,7 @@ __all__ = [
     "IndexedSlices",
     "MirroredVariable",
     "SyncOnReadVariable",
+    "TensorProtocol",
     "Variable",
     "VariableAggregation",
     "VariableSynchronization",

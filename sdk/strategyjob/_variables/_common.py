@@ -7,7 +7,7 @@ import enum
 import operator
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -120,7 +120,7 @@ def _is_variable(value: Any) -> bool:
 def _unwrap(structure: Any) -> Any:
     """Replace every variable inside ``structure`` by the tensor the current context reads."""
     if _is_variable(structure):
-        return structure._value_for_op()
+        return structure.__tf_tensor__()
     if isinstance(structure, (list, tuple)):
         items = [_unwrap(x) for x in structure]
         if hasattr(type(structure), "_fields"):
@@ -219,11 +219,36 @@ def _in_sync_on_read_context() -> bool:
 # operator plumbing: every variable kind reads a tensor via ``_value_for_op`` and delegates
 
 
+@runtime_checkable
+class TensorProtocol(Protocol):
+    """What every kind of variable answers (TensorFlow's ``tf.types.experimental.TensorProtocol``):
+    the tensor that torch operations read for it in the current context. It is the variable's
+    live tensor, not a copy, so that autograd reaches the variable."""
+
+    def __tf_tensor__(
+        self, dtype: torch.dtype | None = None, name: str | None = None
+    ) -> torch.Tensor: ...
+
+
+def _snapshot(variable: TensorProtocol) -> torch.Tensor:
+    """The value after an update: detached, since an assignment is not differentiable."""
+    return variable.__tf_tensor__().detach().clone()
+
+
 class _TensorLike:
     """Makes a variable usable wherever a tensor is: torch functions, operators, numpy."""
 
     def _value_for_op(self) -> torch.Tensor:  # pragma: no cover - overridden
+        """What :meth:`__tf_tensor__` reads: each kind of variable says how."""
         raise NotImplementedError
+
+    def __tf_tensor__(
+        self, dtype: torch.dtype | None = None, name: str | None = None
+    ) -> torch.Tensor:
+        """:class:`TensorProtocol`: the tensor torch operations read (``name``: torch names no
+        operations)."""
+        tensor = self._value_for_op()
+        return tensor if dtype is None else tensor.to(dtype)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

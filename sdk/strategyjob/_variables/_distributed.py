@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategyjob import _context, _devices, _values
+from strategyjob import _context, _values
 from strategyjob._reduce import ReduceOp
 from strategyjob._variables._common import (
     _DISTRIBUTED_VALUE_IN_REPLICA_MSG,
@@ -22,6 +22,7 @@ from strategyjob._variables._common import (
     _in_replica_context_of,
     _in_sync_on_read_context,
     _local_replica_id,
+    _snapshot,
     _sparse_parts,
     _unwrap,
     _VariableBase,
@@ -103,10 +104,6 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
         return self._component_for_context().device
 
     @property
-    def _devices(self) -> tuple[_devices.LogicalDevice, ...]:
-        return tuple(c._logical_device for c in self.values)
-
-    @property
     def devices(self) -> tuple[str, ...]:
         return tuple(c.device for c in self.values)
 
@@ -153,7 +150,7 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
 
     # -- reads --------------------------------------------------------------------------------
     def _value_for_op(self) -> torch.Tensor:
-        return self._component_for_context()._value_for_op()
+        return self._component_for_context().__tf_tensor__()
 
     def _get(self) -> torch.Tensor:  # what ``DistributedValues`` unwrapping reads
         return self._value_for_op()
@@ -190,7 +187,7 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
             raise TypeError(_DISTRIBUTED_VALUE_IN_REPLICA_MSG)
         local = self.values[_local_replica_id(ctx, len(self.values))]
         self._update_replica(ctx, local, op_name, _cast_tensor(value, self.dtype))
-        return local._snapshot() if read_value else None
+        return _snapshot(local) if read_value else None
 
     def _update_cross_replica(self, op_name: str, value: Any) -> None:
         raise NotImplementedError
@@ -274,7 +271,7 @@ class MirroredVariable(DistributedVariable):
                 strategy.extended.update(self, _component_update(op_name), args=(first,))
 
             ctx.merge_call(first_fn, args=(sparse_delta,))
-            return local._snapshot()
+            return _snapshot(local)
         if op_name not in ("scatter_add", "scatter_sub"):
             raise NotImplementedError(
                 f"{op_name} in replica context with {self._aggregation} aggregation is not "
@@ -282,12 +279,12 @@ class MirroredVariable(DistributedVariable):
             )
         # SUM/MEAN of sparse additions == the aggregated dense delta.
         indices, updates = _sparse_parts(sparse_delta)
-        dense = torch.zeros_like(local._tensor).detach()
+        dense = torch.zeros_like(local.__tf_tensor__()).detach()
         dense.index_add_(0, indices.to(dense.device, torch.long), updates.to(dense.dtype))
         self._update_replica(
             ctx, local, "assign_add" if op_name == "scatter_add" else "assign_sub", dense
         )
-        return local._snapshot()
+        return _snapshot(local)
 
 
 class SyncOnReadVariable(DistributedVariable):
@@ -306,7 +303,7 @@ class SyncOnReadVariable(DistributedVariable):
     def _value_for_op(self) -> torch.Tensor:
         update_id = _context.get_update_replica_id()
         if update_id is not None and update_id < len(self.values):
-            return self.values[update_id]._value_for_op()
+            return self.values[update_id].__tf_tensor__()
         ctx = self._replica_ctx()
         if ctx is None:
             with self._strategy_scope_if_needed():
@@ -314,9 +311,9 @@ class SyncOnReadVariable(DistributedVariable):
         local = self.values[_local_replica_id(ctx, len(self.values))]
         if _in_sync_on_read_context():
             if self._aggregation == VariableAggregation.ONLY_FIRST_REPLICA:
-                return self._primary._value_for_op()
+                return self._primary.__tf_tensor__()
             return ctx.all_reduce(self._reduce_op(), local.read_value().detach())
-        return local._value_for_op()
+        return local.__tf_tensor__()
 
     def read_value(self) -> torch.Tensor:
         """Replica context: a copy of the local component; cross-replica: the aggregate."""
@@ -327,7 +324,7 @@ class SyncOnReadVariable(DistributedVariable):
         ctx = self._replica_ctx()
         if ctx is None:
             return None
-        return self.values[_local_replica_id(ctx, len(self.values))]._tensor
+        return self.values[_local_replica_id(ctx, len(self.values))].__tf_tensor__()
 
     def _update_cross_replica(self, op_name: str, value: Any) -> None:
         if isinstance(value, _values.DistributedValues):

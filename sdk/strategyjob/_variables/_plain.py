@@ -14,6 +14,7 @@ from strategyjob._variables._common import (
     _dtype_name,
     _initial_tensor,
     _shape_str,
+    _snapshot,
     _sparse_parts,
     _trainable_requires_grad,
     _unwrap,
@@ -248,11 +249,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
                 self._tensor.add_(tensor)
             else:
                 self._tensor.sub_(tensor)
-        return self._snapshot() if read_value else None
-
-    def _snapshot(self) -> torch.Tensor:
-        """The value after an update: detached, since an assignment is not differentiable."""
-        return self._tensor.detach().clone()
+        return _snapshot(self) if read_value else None
 
     def assign(
         self,
@@ -288,7 +285,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
         updates = updates.detach().to(device=self._tensor.device, dtype=self._tensor.dtype)
         with self._lock, torch.no_grad():
             scatter_(self._tensor, op_name, indices, updates)
-        return self._snapshot()
+        return _snapshot(self)
 
     def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: Any = None):
         """Set rows ``sparse_delta.indices`` to ``sparse_delta.values``."""
