@@ -41,6 +41,7 @@ from strategyjob._variables._common import (
     _TensorLike,
     _unwrap,
     _validate_enums,
+    distributed_container,
     variable_sync_on_read_context,
 )
 from strategyjob._variables._distributed import (
@@ -72,6 +73,7 @@ __all__ = [
     "create_aggregating_variable",
     "create_distributed_variable",
     "create_plain_variable",
+    "distributed_container",
     "update_components",
     "variable_sync_on_read_context",
 ]
@@ -93,7 +95,7 @@ _INTERNAL = (
 
 # ``_values`` (below) learns which of its values are variables: kept whole by regroup and
 # select_replica, a component regrouped into its container.
-_values.register_variable_types(DistributedVariable, Variable, Variable._distributed_container)
+_values.register_variable_types(DistributedVariable, Variable, distributed_container)
 
 
 def checkpoint_reader(value: Any) -> Callable[[], torch.Tensor] | None:

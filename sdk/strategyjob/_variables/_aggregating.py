@@ -38,7 +38,7 @@ class AggregatingVariable(_VariableBase):
         self._distribute_strategy = strategy
         self._v = variable
         self._aggregation = aggregation
-        variable._container = self
+        self._contain(variable)
 
     def get(self) -> Variable:
         """The wrapped central variable."""

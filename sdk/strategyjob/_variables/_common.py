@@ -6,6 +6,7 @@ import contextlib
 import enum
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -314,5 +315,24 @@ def _sparse_parts(sparse_delta: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.as_tensor(_unwrap(indices)), torch.as_tensor(_unwrap(values))
 
 
+# id(component) -> the distributed or aggregating variable holding it. An entry lives as long as
+# that container, which holds its components (so their ids are not reused meanwhile); each
+# component holds its container in turn (``_container``), as a Python reference keeps it alive.
+_containers: weakref.WeakValueDictionary[int, _VariableBase] = weakref.WeakValueDictionary()
+
+
+def distributed_container(value: Any) -> Any:
+    """The distributed (or aggregating) variable that ``value`` is a component of, else None:
+    what ``regroup`` gives back for the components, ``extended.value_container`` for a value."""
+    return _containers.get(id(value))
+
+
 class _VariableBase(_TensorLike):
     """Base of every kind of ``Variable``: ``isinstance(v, strategyjob.Variable)`` holds for all."""
+
+    _container: Any = None  # the container holding this component, set by its ``_contain``
+
+    def _contain(self, component: _VariableBase) -> None:
+        """Make this variable the container of ``component`` (see :func:`distributed_container`)."""
+        component._container = self
+        _containers[id(component)] = self

@@ -80,7 +80,7 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
         self._synchronization = synchronization
         self._trainable = trainable
         for component in components:
-            component._container = self
+            self._contain(component)
 
     # -- properties ---------------------------------------------------------------------------
     @property

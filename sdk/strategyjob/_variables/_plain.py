@@ -20,6 +20,7 @@ from strategyjob._variables._common import (
     _unwrap,
     _validate_enums,
     _VariableBase,
+    distributed_container,
 )
 from strategyjob._variables._scatter import scatter_
 
@@ -142,7 +143,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
         self._aggregation = aggregation
         self._logical_device = device
         self._distribute_strategy = strategy
-        self._container: Any = None
+        self._container = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -201,7 +202,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
 
     def _distributed_container(self) -> Any:
         """The distributed variable this is a component of (``regroup`` returns it), or None."""
-        return self._container
+        return distributed_container(self)
 
     # -- reads --------------------------------------------------------------------------------
     def _value_for_op(self) -> torch.Tensor:
