@@ -21,6 +21,7 @@ The package splits by kind: ``_common`` (enums, messages, the tensor-like base),
 storage) and ``_factories`` (what the strategies call).
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ from strategyjob._variables._distributed import (
     DistributedVariable,
     MirroredVariable,
     SyncOnReadVariable,
+    checkpoint_value,
 )
 from strategyjob._variables._factories import (
     _base_name,
@@ -102,6 +104,8 @@ def checkpoint_reader(value: Any) -> Callable[[], torch.Tensor] | None:
     """What ``strategyjob.train.Checkpoint`` reads to save ``value`` when it is a distributed or
     aggregating variable (the cross-replica read, aggregated for sync-on-read; the central
     value); None for anything else, which a checkpoint reads as it reads itself."""
-    if isinstance(value, DistributedVariable | AggregatingVariable):
-        return value._checkpoint_value
+    if isinstance(value, DistributedVariable):
+        return functools.partial(checkpoint_value, value)
+    if isinstance(value, AggregatingVariable):
+        return value.get().read_value
     return None

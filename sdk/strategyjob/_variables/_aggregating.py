@@ -105,9 +105,6 @@ class AggregatingVariable(_VariableBase):
     def value(self) -> torch.Tensor:
         return self.read_value()
 
-    def _checkpoint_value(self) -> torch.Tensor:
-        return self._v.read_value()
-
     def _update(self, op_name: str, value: Any, read_value: bool) -> torch.Tensor | None:
         if _context.get_update_replica_id() is not None:  # inside ``extended.update``
             return getattr(self._v, op_name)(value, read_value=read_value)
