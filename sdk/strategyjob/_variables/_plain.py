@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,12 +27,32 @@ from strategyjob._variables._common import (
 from strategyjob._variables._scatter import scatter_
 
 
+class _Building(threading.local):
+    strategy: Any = None  # whose factories are building variables on this thread, else None
+
+
+_building = _Building()
+
+
+@contextlib.contextmanager
+def building_for(strategy: Any) -> Iterator[None]:
+    """``Variable(...)`` inside builds a plain variable that ``strategy`` owns, not the strategy's
+    kind of variable: how its factories build components and central or one-device variables
+    (as TF's strategy creator calls the next creator, which makes a plain variable)."""
+    outer = _building.strategy
+    _building.strategy = strategy
+    try:
+        yield
+    finally:
+        _building.strategy = outer
+
+
 class _VariableMeta(type):
     """``Variable(...)`` inside a strategy's scope returns that strategy's kind of variable."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         _context.check_variable_creation_scope()
-        if cls is Variable and _context.has_strategy():
+        if cls is Variable and _context.has_strategy() and _building.strategy is None:
             return _create_in_scope(_context.get_strategy(), *args, **kwargs)
         return super().__call__(*args, **kwargs)
 
@@ -93,33 +115,8 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
             synchronization=synchronization,
             aggregation=aggregation,
             device=_devices.canonicalize(device) if device is not None else None,
-            strategy=None,
+            strategy=_building.strategy,
         )
-
-    @classmethod
-    def _plain(
-        cls,
-        tensor: torch.Tensor,
-        *,
-        name: str,
-        trainable: bool,
-        synchronization: VariableSynchronization,
-        aggregation: VariableAggregation,
-        device: _devices.LogicalDevice | None,
-        strategy: Any,
-    ) -> Variable:
-        """Build a plain variable without the scope interception (used by the strategies)."""
-        variable = object.__new__(cls)
-        variable._setup(
-            tensor,
-            name=name,
-            trainable=trainable,
-            synchronization=synchronization,
-            aggregation=aggregation,
-            device=device,
-            strategy=strategy,
-        )
-        return variable
 
     def _setup(
         self,

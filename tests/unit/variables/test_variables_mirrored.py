@@ -312,6 +312,7 @@ def test_components_belong_to_their_container(mirrored):
     with mirrored.scope():
         v = strategyjob.Variable(torch.ones(2))
     c0, c1 = v.values
+    assert c0.distribute_strategy is mirrored and c1.distribute_strategy is mirrored
     assert _variables.distributed_container(c0) is v
     assert _values.regroup((c0, c1)) is v
     assert mirrored.extended.value_container(c1) is v
