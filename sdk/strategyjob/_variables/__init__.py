@@ -1,8 +1,8 @@
 """``Variable`` and its distributed forms (mirrors ``tf.Variable`` under ``tf.distribute``).
 
 A :class:`Variable` is a named, mutable tensor. Created inside ``strategy.scope()`` it becomes the
-strategy's kind of variable (``strategy.extended._create_variable`` decides, through
-:func:`create_distributed_variable` or :func:`create_aggregating_variable`):
+strategy's kind of variable (``strategy.extended.create_variable``, a :class:`VariableCreator`,
+decides, through :func:`create_distributed_variable` or :func:`create_aggregating_variable`):
 
 * :class:`MirroredVariable` (``ON_WRITE``/``AUTO``): one component per local replica device,
   kept equal by aggregating every replica-context update (``merge_call`` →
@@ -59,7 +59,7 @@ from strategyjob._variables._factories import (
     create_plain_variable,
     update_components,
 )
-from strategyjob._variables._plain import Variable
+from strategyjob._variables._plain import Variable, VariableCreator
 
 __all__ = [
     "AggregatingVariable",
@@ -70,6 +70,7 @@ __all__ = [
     "TensorProtocol",
     "Variable",
     "VariableAggregation",
+    "VariableCreator",
     "VariableSynchronization",
     "checkpoint_reader",
     "create_aggregating_variable",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -47,6 +47,16 @@ def building_for(strategy: Any) -> Iterator[None]:
         _building.strategy = outer
 
 
+class VariableCreator(Protocol):
+    """What ``Variable(...)`` in a strategy's scope asks of its ``extended``
+    (``strategies.base.StrategyExtended`` answers; declared here, below it)."""
+
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+        """This strategy's kind of variable (mirrored, sync-on-read, aggregating or plain), given
+        ``Variable``'s ``trainable``, ``name``, ``synchronization`` and ``aggregation``."""
+        ...
+
+
 class _VariableMeta(type):
     """``Variable(...)`` inside a strategy's scope returns that strategy's kind of variable."""
 
@@ -76,7 +86,8 @@ def _create_in_scope(
     # ``device`` is ignored in a strategy's scope: the strategy places every variable.
     if dtype is not None:
         initial_value = _initial_tensor(initial_value, dtype)
-    return strategy.extended._create_variable(
+    extended: VariableCreator = strategy.extended
+    return extended.create_variable(
         initial_value,
         trainable=trainable,
         name=name,

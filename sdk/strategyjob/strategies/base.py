@@ -319,6 +319,11 @@ class StrategyExtended:
         grad_sync.scope_exited()
 
     # --- variables and parameters ---------------------------------------------------------
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+        """What ``Variable(...)`` in this strategy's scope gives (``_variables.VariableCreator``):
+        this strategy's kind of variable, which ``_create_variable`` makes."""
+        return self._create_variable(initial_value, **kwargs)
+
     def _create_variable(
         self,
         initial_value: Any,
