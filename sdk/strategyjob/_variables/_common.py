@@ -189,11 +189,9 @@ def _in_replica_context_of(strategy: Any) -> Any:
     return _context.get_replica_context()
 
 
-def _local_replica_id(ctx: Any, count: int) -> int:
-    index = getattr(ctx, "_local_replica_id", None)
-    if index is None:
-        replica_id = getattr(ctx, "replica_id_in_sync_group", 0)
-        index = replica_id if isinstance(replica_id, int) else int(replica_id)
+def _local_replica_id(ctx: _context.ReplicaContext, count: int) -> int:
+    """The component of ``count`` that replica context ``ctx`` reads and updates."""
+    index = _context.local_replica_id(ctx)
     return index if 0 <= index < count else 0
 
 
