@@ -1,8 +1,8 @@
 """``Variable`` and its distributed forms (mirrors ``tf.Variable`` under ``tf.distribute``).
 
 A :class:`Variable` is a named, mutable tensor. Created inside ``strategy.scope()`` it becomes the
-strategy's kind of variable (``strategy.extended._create_variable`` decides, through
-:func:`create_distributed_variable` or :func:`create_aggregating_variable`):
+strategy's kind of variable (``strategy.extended.create_variable``, a :class:`VariableCreator`,
+decides, through :func:`create_distributed_variable` or :func:`create_aggregating_variable`):
 
 * :class:`MirroredVariable` (``ON_WRITE``/``AUTO``): one component per local replica device,
   kept equal by aggregating every replica-context update (``merge_call`` →
@@ -21,6 +21,7 @@ The package splits by kind: ``_common`` (enums, messages, the tensor-like base),
 storage) and ``_factories`` (what the strategies call).
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from strategyjob import _values
 from strategyjob._variables._aggregating import AggregatingVariable
 from strategyjob._variables._common import (
     IndexedSlices,
+    TensorProtocol,
     VariableAggregation,
     VariableSynchronization,
     _dtype_name,
@@ -40,6 +42,7 @@ from strategyjob._variables._common import (
     _TensorLike,
     _unwrap,
     _validate_enums,
+    distributed_container,
     variable_sync_on_read_context,
 )
 from strategyjob._variables._distributed import (
@@ -47,6 +50,7 @@ from strategyjob._variables._distributed import (
     DistributedVariable,
     MirroredVariable,
     SyncOnReadVariable,
+    checkpoint_value,
 )
 from strategyjob._variables._factories import (
     _base_name,
@@ -55,7 +59,7 @@ from strategyjob._variables._factories import (
     create_plain_variable,
     update_components,
 )
-from strategyjob._variables._plain import Variable
+from strategyjob._variables._plain import Variable, VariableCreator
 
 __all__ = [
     "AggregatingVariable",
@@ -63,13 +67,16 @@ __all__ = [
     "IndexedSlices",
     "MirroredVariable",
     "SyncOnReadVariable",
+    "TensorProtocol",
     "Variable",
     "VariableAggregation",
+    "VariableCreator",
     "VariableSynchronization",
     "checkpoint_reader",
     "create_aggregating_variable",
     "create_distributed_variable",
     "create_plain_variable",
+    "distributed_container",
     "update_components",
     "variable_sync_on_read_context",
 ]
@@ -91,13 +98,15 @@ _INTERNAL = (
 
 # ``_values`` (below) learns which of its values are variables: kept whole by regroup and
 # select_replica, a component regrouped into its container.
-_values.register_variable_types(DistributedVariable, Variable, Variable._distributed_container)
+_values.register_variable_types(DistributedVariable, Variable, distributed_container)
 
 
 def checkpoint_reader(value: Any) -> Callable[[], torch.Tensor] | None:
     """What ``strategyjob.train.Checkpoint`` reads to save ``value`` when it is a distributed or
     aggregating variable (the cross-replica read, aggregated for sync-on-read; the central
     value); None for anything else, which a checkpoint reads as it reads itself."""
-    if isinstance(value, DistributedVariable | AggregatingVariable):
-        return value._checkpoint_value
+    if isinstance(value, DistributedVariable):
+        return functools.partial(checkpoint_value, value)
+    if isinstance(value, AggregatingVariable):
+        return value.get().read_value
     return None

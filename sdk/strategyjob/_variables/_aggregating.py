@@ -16,6 +16,7 @@ from strategyjob._variables._common import (
     _cast_tensor,
     _in_replica_context_of,
     _local_replica_id,
+    _snapshot,
     _VariableBase,
 )
 from strategyjob._variables._distributed import _apply_aggregation, _component_update
@@ -37,7 +38,7 @@ class AggregatingVariable(_VariableBase):
         self._distribute_strategy = strategy
         self._v = variable
         self._aggregation = aggregation
-        variable._container = self
+        self._contain(variable)
 
     def get(self) -> Variable:
         """The wrapped central variable."""
@@ -58,10 +59,6 @@ class AggregatingVariable(_VariableBase):
     @property
     def device(self) -> str:
         return self._v.device
-
-    @property
-    def _devices(self) -> tuple[_devices.LogicalDevice, ...]:
-        return (self._v._logical_device,)
 
     @property
     def trainable(self) -> bool:
@@ -96,7 +93,7 @@ class AggregatingVariable(_VariableBase):
         return _devices.canonicalize(devices[_local_replica_id(ctx, len(devices))]).torch_device
 
     def _value_for_op(self) -> torch.Tensor:
-        value = self._v._value_for_op()
+        value = self._v.__tf_tensor__()
         device = self._replica_device()
         return value if device is None else value.to(device)
 
@@ -107,9 +104,6 @@ class AggregatingVariable(_VariableBase):
 
     def value(self) -> torch.Tensor:
         return self.read_value()
-
-    def _checkpoint_value(self) -> torch.Tensor:
-        return self._v.read_value()
 
     def _update(self, op_name: str, value: Any, read_value: bool) -> torch.Tensor | None:
         if _context.get_update_replica_id() is not None:  # inside ``extended.update``
@@ -123,7 +117,7 @@ class AggregatingVariable(_VariableBase):
             else:
                 with strategy.scope():
                     strategy.extended.update(self, update, args=(value,))
-            return self._v._snapshot() if read_value else None
+            return _snapshot(self._v) if read_value else None
         if self._aggregation == VariableAggregation.NONE:
             raise ValueError(_AGGREGATION_ERROR_MSG.format(variable_type="AggregatingVariable"))
         if isinstance(value, _values.DistributedValues):
@@ -161,7 +155,7 @@ class AggregatingVariable(_VariableBase):
                 if not _context.has_strategy():
                     stack.enter_context(strategy.scope())
                 strategy.extended.update(self, update, args=(sparse_delta,))
-            return self._v._snapshot()
+            return _snapshot(self._v)
         if self._aggregation != VariableAggregation.ONLY_FIRST_REPLICA:
             raise NotImplementedError(
                 f"{op_name} of an AggregatingVariable in replica context is only supported "
@@ -174,7 +168,7 @@ class AggregatingVariable(_VariableBase):
             strategy.extended.update(self, update, args=(first,))
 
         ctx.merge_call(first_fn, args=(sparse_delta,))
-        return self._v._snapshot()
+        return _snapshot(self._v)
 
     def __repr__(self) -> str:
         return repr(self._v)

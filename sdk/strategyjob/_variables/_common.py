@@ -6,8 +6,9 @@ import contextlib
 import enum
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -120,7 +121,7 @@ def _is_variable(value: Any) -> bool:
 def _unwrap(structure: Any) -> Any:
     """Replace every variable inside ``structure`` by the tensor the current context reads."""
     if _is_variable(structure):
-        return structure._value_for_op()
+        return structure.__tf_tensor__()
     if isinstance(structure, (list, tuple)):
         items = [_unwrap(x) for x in structure]
         if hasattr(type(structure), "_fields"):
@@ -188,11 +189,14 @@ def _in_replica_context_of(strategy: Any) -> Any:
     return _context.get_replica_context()
 
 
-def _local_replica_id(ctx: Any, count: int) -> int:
-    index = getattr(ctx, "_local_replica_id", None)
+def _local_replica_id(ctx: _context.ReplicaContext, count: int) -> int:
+    """The component of ``count`` that replica context ``ctx`` reads and updates: its index
+    among this process's replicas, which entering it pushed on the mode stack."""
+    mode = _context.current_mode()
+    index = mode.local_replica_id if mode.replica_context is ctx else None
     if index is None:
-        replica_id = getattr(ctx, "replica_id_in_sync_group", 0)
-        index = replica_id if isinstance(replica_id, int) else int(replica_id)
+        replica_id = ctx.replica_id_in_sync_group  # one process's replicas: the same index
+        index = 0 if replica_id is None else int(replica_id)
     return index if 0 <= index < count else 0
 
 
@@ -219,11 +223,36 @@ def _in_sync_on_read_context() -> bool:
 # operator plumbing: every variable kind reads a tensor via ``_value_for_op`` and delegates
 
 
+@runtime_checkable
+class TensorProtocol(Protocol):
+    """What every kind of variable answers (TensorFlow's ``tf.types.experimental.TensorProtocol``):
+    the tensor that torch operations read for it in the current context. It is the variable's
+    live tensor, not a copy, so that autograd reaches the variable."""
+
+    def __tf_tensor__(
+        self, dtype: torch.dtype | None = None, name: str | None = None
+    ) -> torch.Tensor: ...
+
+
+def _snapshot(variable: TensorProtocol) -> torch.Tensor:
+    """The value after an update: detached, since an assignment is not differentiable."""
+    return variable.__tf_tensor__().detach().clone()
+
+
 class _TensorLike:
     """Makes a variable usable wherever a tensor is: torch functions, operators, numpy."""
 
     def _value_for_op(self) -> torch.Tensor:  # pragma: no cover - overridden
+        """What :meth:`__tf_tensor__` reads: each kind of variable says how."""
         raise NotImplementedError
+
+    def __tf_tensor__(
+        self, dtype: torch.dtype | None = None, name: str | None = None
+    ) -> torch.Tensor:
+        """:class:`TensorProtocol`: the tensor torch operations read (``name``: torch names no
+        operations)."""
+        tensor = self._value_for_op()
+        return tensor if dtype is None else tensor.to(dtype)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -289,5 +318,24 @@ def _sparse_parts(sparse_delta: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.as_tensor(_unwrap(indices)), torch.as_tensor(_unwrap(values))
 
 
+# id(component) -> the distributed or aggregating variable holding it. An entry lives as long as
+# that container, which holds its components (so their ids are not reused meanwhile); each
+# component holds its container in turn (``_container``), as a Python reference keeps it alive.
+_containers: weakref.WeakValueDictionary[int, _VariableBase] = weakref.WeakValueDictionary()
+
+
+def distributed_container(value: Any) -> Any:
+    """The distributed (or aggregating) variable that ``value`` is a component of, else None:
+    what ``regroup`` gives back for the components, ``extended.value_container`` for a value."""
+    return _containers.get(id(value))
+
+
 class _VariableBase(_TensorLike):
     """Base of every kind of ``Variable``: ``isinstance(v, strategyjob.Variable)`` holds for all."""
+
+    _container: Any = None  # the container holding this component, set by its ``_contain``
+
+    def _contain(self, component: _VariableBase) -> None:
+        """Make this variable the container of ``component`` (see :func:`distributed_container`)."""
+        component._container = self
+        _containers[id(component)] = self

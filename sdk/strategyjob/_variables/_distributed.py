@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from strategyjob import _context, _devices, _values
+from strategyjob import _context, _values
 from strategyjob._reduce import ReduceOp
 from strategyjob._variables._common import (
     _DISTRIBUTED_VALUE_IN_REPLICA_MSG,
@@ -22,6 +22,7 @@ from strategyjob._variables._common import (
     _in_replica_context_of,
     _in_sync_on_read_context,
     _local_replica_id,
+    _snapshot,
     _sparse_parts,
     _unwrap,
     _VariableBase,
@@ -52,6 +53,37 @@ def _apply_aggregation(strategy: Any, value: Any, aggregation: VariableAggregati
     return strategy.extended.reduce_to(reduce_op, value, dest)
 
 
+@contextlib.contextmanager
+def _strategy_scope_if_needed(strategy: Any) -> Iterator[None]:
+    """Outside every strategy, a variable's updates and cross-replica reads run in its strategy's
+    scope (TF does so)."""
+    if _context.has_strategy():
+        yield
+    else:
+        with strategy.scope():
+            yield
+
+
+def cross_replica_value(variable: DistributedVariable) -> torch.Tensor:
+    """A cross-replica read of ``variable``: its primary component's value, or for a sync-on-read
+    variable (unless ``ONLY_FIRST_REPLICA``) its components aggregated."""
+    if (
+        variable.synchronization != VariableSynchronization.ON_READ
+        or variable.aggregation == VariableAggregation.ONLY_FIRST_REPLICA
+    ):
+        return variable.values[0].read_value()
+    reduce_op = ReduceOp.from_variable_aggregation(variable.aggregation)
+    components = _values.PerReplica(tuple(c.read_value().detach() for c in variable.values))
+    return variable.distribute_strategy.reduce(reduce_op, components, axis=None)
+
+
+def checkpoint_value(variable: DistributedVariable) -> torch.Tensor:
+    """The value a checkpoint saves: the cross-replica read, in ``variable``'s strategy's scope
+    when no strategy is in scope."""
+    with _strategy_scope_if_needed(variable.distribute_strategy):
+        return cross_replica_value(variable)
+
+
 def _component_update(op_name: str) -> Callable[..., Any]:
     def update(component: Variable, value: Any, **kwargs: Any) -> Any:
         return getattr(component, op_name)(value, **kwargs)
@@ -79,7 +111,7 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
         self._synchronization = synchronization
         self._trainable = trainable
         for component in components:
-            component._container = self
+            self._contain(component)
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -101,10 +133,6 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
     @property
     def device(self) -> str:
         return self._component_for_context().device
-
-    @property
-    def _devices(self) -> tuple[_devices.LogicalDevice, ...]:
-        return tuple(c._logical_device for c in self.values)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -142,18 +170,9 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
             return self._primary
         return self.values[_local_replica_id(ctx, len(self.values))]
 
-    @contextlib.contextmanager
-    def _strategy_scope_if_needed(self) -> Iterator[None]:
-        """Outside every strategy, updates run in this variable's strategy's scope (TF does so)."""
-        if _context.has_strategy():
-            yield
-        else:
-            with self._distribute_strategy.scope():
-                yield
-
     # -- reads --------------------------------------------------------------------------------
     def _value_for_op(self) -> torch.Tensor:
-        return self._component_for_context()._value_for_op()
+        return self._component_for_context().__tf_tensor__()
 
     def _get(self) -> torch.Tensor:  # what ``DistributedValues`` unwrapping reads
         return self._value_for_op()
@@ -167,14 +186,6 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
     def numpy(self) -> np.ndarray:
         return self.read_value().detach().cpu().numpy()
 
-    def _checkpoint_value(self) -> torch.Tensor:
-        """The value to save: the cross-replica read (aggregated for sync-on-read)."""
-        with self._strategy_scope_if_needed():
-            return self._cross_replica_read()
-
-    def _cross_replica_read(self) -> torch.Tensor:
-        return self._primary.read_value()
-
     # -- updates ------------------------------------------------------------------------------
     def _update(self, op_name: str, value: Any, read_value: bool) -> torch.Tensor | None:
         update_id = _context.get_update_replica_id()
@@ -183,14 +194,14 @@ class DistributedVariable(_VariableBase, _values.DistributedValues):
             return getattr(self.values[update_id], op_name)(value, read_value=read_value)
         ctx = self._replica_ctx()
         if ctx is None:
-            with self._strategy_scope_if_needed():
+            with _strategy_scope_if_needed(self._distribute_strategy):
                 self._update_cross_replica(op_name, value)
-                return self._cross_replica_read().detach() if read_value else None
+                return cross_replica_value(self).detach() if read_value else None
         if isinstance(value, _values.DistributedValues):
             raise TypeError(_DISTRIBUTED_VALUE_IN_REPLICA_MSG)
         local = self.values[_local_replica_id(ctx, len(self.values))]
         self._update_replica(ctx, local, op_name, _cast_tensor(value, self.dtype))
-        return local._snapshot() if read_value else None
+        return _snapshot(local) if read_value else None
 
     def _update_cross_replica(self, op_name: str, value: Any) -> None:
         raise NotImplementedError
@@ -259,11 +270,11 @@ class MirroredVariable(DistributedVariable):
             )
         ctx = self._replica_ctx()
         if ctx is None:
-            with self._strategy_scope_if_needed():
+            with _strategy_scope_if_needed(self._distribute_strategy):
                 self._distribute_strategy.extended.update(
                     self, _component_update(op_name), args=(sparse_delta,), group=True
                 )
-                return self._cross_replica_read()
+                return cross_replica_value(self)
         local = self.values[_local_replica_id(ctx, len(self.values))]
         if self._aggregation == VariableAggregation.NONE:
             return getattr(local, op_name)(sparse_delta)
@@ -274,7 +285,7 @@ class MirroredVariable(DistributedVariable):
                 strategy.extended.update(self, _component_update(op_name), args=(first,))
 
             ctx.merge_call(first_fn, args=(sparse_delta,))
-            return local._snapshot()
+            return _snapshot(local)
         if op_name not in ("scatter_add", "scatter_sub"):
             raise NotImplementedError(
                 f"{op_name} in replica context with {self._aggregation} aggregation is not "
@@ -282,12 +293,12 @@ class MirroredVariable(DistributedVariable):
             )
         # SUM/MEAN of sparse additions == the aggregated dense delta.
         indices, updates = _sparse_parts(sparse_delta)
-        dense = torch.zeros_like(local._tensor).detach()
+        dense = torch.zeros_like(local.__tf_tensor__()).detach()
         dense.index_add_(0, indices.to(dense.device, torch.long), updates.to(dense.dtype))
         self._update_replica(
             ctx, local, "assign_add" if op_name == "scatter_add" else "assign_sub", dense
         )
-        return local._snapshot()
+        return _snapshot(local)
 
 
 class SyncOnReadVariable(DistributedVariable):
@@ -296,27 +307,20 @@ class SyncOnReadVariable(DistributedVariable):
     def _reduce_op(self) -> ReduceOp:
         return ReduceOp.from_variable_aggregation(self._aggregation)
 
-    def _cross_replica_read(self) -> torch.Tensor:
-        if self._aggregation == VariableAggregation.ONLY_FIRST_REPLICA:
-            return self._primary.read_value()
-        reduce_op = self._reduce_op()
-        components = _values.PerReplica(tuple(c.read_value().detach() for c in self.values))
-        return self._distribute_strategy.reduce(reduce_op, components, axis=None)
-
     def _value_for_op(self) -> torch.Tensor:
         update_id = _context.get_update_replica_id()
         if update_id is not None and update_id < len(self.values):
-            return self.values[update_id]._value_for_op()
+            return self.values[update_id].__tf_tensor__()
         ctx = self._replica_ctx()
         if ctx is None:
-            with self._strategy_scope_if_needed():
-                return self._cross_replica_read()
+            with _strategy_scope_if_needed(self._distribute_strategy):
+                return cross_replica_value(self)
         local = self.values[_local_replica_id(ctx, len(self.values))]
         if _in_sync_on_read_context():
             if self._aggregation == VariableAggregation.ONLY_FIRST_REPLICA:
-                return self._primary._value_for_op()
+                return self._primary.__tf_tensor__()
             return ctx.all_reduce(self._reduce_op(), local.read_value().detach())
-        return local._value_for_op()
+        return local.__tf_tensor__()
 
     def read_value(self) -> torch.Tensor:
         """Replica context: a copy of the local component; cross-replica: the aggregate."""
@@ -327,7 +331,7 @@ class SyncOnReadVariable(DistributedVariable):
         ctx = self._replica_ctx()
         if ctx is None:
             return None
-        return self.values[_local_replica_id(ctx, len(self.values))]._tensor
+        return self.values[_local_replica_id(ctx, len(self.values))].__tf_tensor__()
 
     def _update_cross_replica(self, op_name: str, value: Any) -> None:
         if isinstance(value, _values.DistributedValues):

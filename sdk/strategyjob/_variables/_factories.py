@@ -1,4 +1,4 @@
-"""Creation, called by the strategies' ``extended._create_variable``."""
+"""Creation, called by the strategies' ``extended.create_variable``."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from strategyjob._variables._distributed import (
     _mirrored_scatter,
     _on_read_scatter,
 )
-from strategyjob._variables._plain import Variable
+from strategyjob._variables._plain import Variable, building_for
 
 # ---------------------------------------------------------------------------------------------
-# creation, called by the strategies' ``extended._create_variable``
+# creation, called by the strategies' ``extended.create_variable``
 
 
 def _base_name(name: str | None) -> str:
@@ -49,15 +49,16 @@ def create_plain_variable(
     synchronization, aggregation, trainable = _validate_enums(
         synchronization, aggregation, trainable, base
     )
-    return Variable._plain(
-        _initial_tensor(initial_value, None),
-        name=f"{base}:0",
-        trainable=trainable,
-        synchronization=synchronization,
-        aggregation=aggregation,
-        device=_devices.canonicalize(device) if device is not None else None,
-        strategy=strategy,
-    )
+    tensor = _initial_tensor(initial_value, None)
+    with building_for(strategy):
+        return Variable(
+            tensor,
+            trainable=trainable,
+            name=base,
+            synchronization=synchronization,
+            aggregation=aggregation,
+            device=device,
+        )
 
 
 def _in_replica_fn(strategy: Any) -> Any:
@@ -110,19 +111,19 @@ def create_distributed_variable(
     tensor = extended.collectives.broadcast_from_chief(tensor)
     devices = [_devices.canonicalize(d) for d in extended.topology.local_devices]
     components: list[Any] = []
-    for i, device in enumerate(devices):
-        source = tensor if i == 0 else components[0].read_value()
-        components.append(
-            Variable._plain(
-                source,
-                name=f"{base}:0" if i == 0 else f"{base}/replica_{i}:0",
-                trainable=trainable,
-                synchronization=synchronization,
-                aggregation=aggregation,
-                device=device,
-                strategy=strategy,
+    with building_for(strategy):
+        for i, device in enumerate(devices):
+            source = tensor if i == 0 else components[0].read_value()
+            components.append(
+                Variable(
+                    source,
+                    trainable=trainable,
+                    name=base if i == 0 else f"{base}/replica_{i}",
+                    synchronization=synchronization,
+                    aggregation=aggregation,
+                    device=device,
+                )
             )
-        )
     kind = (
         SyncOnReadVariable
         if synchronization == VariableSynchronization.ON_READ

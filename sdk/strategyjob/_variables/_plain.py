@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 
@@ -14,13 +16,45 @@ from strategyjob._variables._common import (
     _dtype_name,
     _initial_tensor,
     _shape_str,
+    _snapshot,
     _sparse_parts,
     _trainable_requires_grad,
     _unwrap,
     _validate_enums,
     _VariableBase,
+    distributed_container,
 )
 from strategyjob._variables._scatter import scatter_
+
+
+class _Building(threading.local):
+    strategy: Any = None  # whose factories are building variables on this thread, else None
+
+
+_building = _Building()
+
+
+@contextlib.contextmanager
+def building_for(strategy: Any) -> Iterator[None]:
+    """``Variable(...)`` inside builds a plain variable that ``strategy`` owns, not the strategy's
+    kind of variable: how its factories build components and central or one-device variables
+    (as TF's strategy creator calls the next creator, which makes a plain variable)."""
+    outer = _building.strategy
+    _building.strategy = strategy
+    try:
+        yield
+    finally:
+        _building.strategy = outer
+
+
+class VariableCreator(Protocol):
+    """What ``Variable(...)`` in a strategy's scope asks of its ``extended``
+    (``strategies.base.StrategyExtended`` answers; declared here, below it)."""
+
+    def create_variable(self, initial_value: Any, **kwargs: Any) -> Any:
+        """This strategy's kind of variable (mirrored, sync-on-read, aggregating or plain), given
+        ``Variable``'s ``trainable``, ``name``, ``synchronization`` and ``aggregation``."""
+        ...
 
 
 class _VariableMeta(type):
@@ -28,7 +62,7 @@ class _VariableMeta(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         _context.check_variable_creation_scope()
-        if cls is Variable and _context.has_strategy():
+        if cls is Variable and _context.has_strategy() and _building.strategy is None:
             return _create_in_scope(_context.get_strategy(), *args, **kwargs)
         return super().__call__(*args, **kwargs)
 
@@ -52,7 +86,8 @@ def _create_in_scope(
     # ``device`` is ignored in a strategy's scope: the strategy places every variable.
     if dtype is not None:
         initial_value = _initial_tensor(initial_value, dtype)
-    return strategy.extended.create_variable(
+    extended: VariableCreator = strategy.extended
+    return extended.create_variable(
         initial_value,
         trainable=trainable,
         name=name,
@@ -91,33 +126,8 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
             synchronization=synchronization,
             aggregation=aggregation,
             device=_devices.canonicalize(device) if device is not None else None,
-            strategy=None,
+            strategy=_building.strategy,
         )
-
-    @classmethod
-    def _plain(
-        cls,
-        tensor: torch.Tensor,
-        *,
-        name: str,
-        trainable: bool,
-        synchronization: VariableSynchronization,
-        aggregation: VariableAggregation,
-        device: _devices.LogicalDevice | None,
-        strategy: Any,
-    ) -> Variable:
-        """Build a plain variable without the scope interception (used by the strategies)."""
-        variable = object.__new__(cls)
-        variable._setup(
-            tensor,
-            name=name,
-            trainable=trainable,
-            synchronization=synchronization,
-            aggregation=aggregation,
-            device=device,
-            strategy=strategy,
-        )
-        return variable
 
     def _setup(
         self,
@@ -141,7 +151,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
         self._aggregation = aggregation
         self._logical_device = device
         self._distribute_strategy = strategy
-        self._container: Any = None
+        self._container = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -200,7 +210,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
 
     def _distributed_container(self) -> Any:
         """The distributed variable this is a component of (``regroup`` returns it), or None."""
-        return self._container
+        return distributed_container(self)
 
     # -- reads --------------------------------------------------------------------------------
     def _value_for_op(self) -> torch.Tensor:
@@ -248,11 +258,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
                 self._tensor.add_(tensor)
             else:
                 self._tensor.sub_(tensor)
-        return self._snapshot() if read_value else None
-
-    def _snapshot(self) -> torch.Tensor:
-        """The value after an update: detached, since an assignment is not differentiable."""
-        return self._tensor.detach().clone()
+        return _snapshot(self) if read_value else None
 
     def assign(
         self,
@@ -288,7 +294,7 @@ class Variable(_VariableBase, metaclass=_VariableMeta):
         updates = updates.detach().to(device=self._tensor.device, dtype=self._tensor.dtype)
         with self._lock, torch.no_grad():
             scatter_(self._tensor, op_name, indices, updates)
-        return self._snapshot()
+        return _snapshot(self)
 
     def scatter_update(self, sparse_delta: Any, use_locking: bool = False, name: Any = None):
         """Set rows ``sparse_delta.indices`` to ``sparse_delta.values``."""

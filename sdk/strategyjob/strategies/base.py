@@ -367,8 +367,9 @@ class StrategyExtended:
         synchronization: Any = None,
         aggregation: Any = None,
     ) -> Any:
-        """What ``strategyjob.Variable(...)`` made in this strategy's scope becomes: the
-        strategy's kind of variable (each strategy overrides this)."""
+        """What ``strategyjob.Variable(...)`` made in this strategy's scope becomes
+        (``_variables.VariableCreator``): the strategy's kind of variable (each strategy
+        overrides this)."""
         from strategyjob import _variables
 
         return _variables.create_distributed_variable(

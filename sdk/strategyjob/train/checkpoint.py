@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,38 @@ def _single(flag: bool) -> bool:
     return flag
 
 
+# ---------------------------------------------------------------------------------------------
+# A Checkpoint's own state, apart from its attributes
+
+
+class _State:
+    """What a :class:`Checkpoint` keeps for itself. Its attribute names are the objects it tracks
+    (any name but its API's), so its state is not asked for by attribute: the checkpoint holds
+    it privately and :func:`_state_of` finds it for this module's functions."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.objects: dict[str, Any] = {}
+        self.save_counter = torch.zeros((), dtype=torch.int64)
+        self.strategy = strategy  # made in a strategy's scope: saves follow that strategy's chief
+
+    def capture(self, extended: Any = None) -> dict[str, Any]:
+        """Every tracked object's saved form (the file's ``objects``)."""
+        return {name: _capture(obj, extended) for name, obj in self.objects.items()}
+
+    def restore(self, saved: dict[str, Any], restore: _Restore, name: str) -> None:
+        """Restore ``saved`` into the tracked objects; Python values are replaced."""
+        self.objects.update(restore.objects(name, self.objects, saved))
+
+
+# id(checkpoint) -> its state. Weak values: the checkpoint alone holds its state, so neither
+# outlives it through this table (its state holds the tracked objects, which may hold it).
+_states: weakref.WeakValueDictionary[int, _State] = weakref.WeakValueDictionary()
+
+
+def _state_of(checkpoint: Checkpoint) -> _State:
+    return _states[id(checkpoint)]
+
+
 def _strategy_of(obj: Any) -> Any:
     """The non-default strategy that ``obj``'s state belongs to, else None."""
     strategy = getattr(obj, "distribute_strategy", None)  # variables
@@ -76,7 +109,7 @@ def strategy_for(checkpoint: Checkpoint) -> Any:
     belong to; None when there is none."""
     strategy = _context.get_strategy() if _context.has_strategy() else None
     if strategy is None:
-        strategy = checkpoint._strategy
+        strategy = _state_of(checkpoint).strategy
     if strategy is None:
         strategy = next((s for s in map(_strategy_of, _leaves(checkpoint)) if s is not None), None)
     return strategy
@@ -101,15 +134,61 @@ def write_to(checkpoint: Checkpoint, path: str, after: Callable[[], None] | None
     """Write ``checkpoint`` to exactly ``path`` (on every worker; the chief writes), running
     ``after`` on the chief once the file is in place and before the workers agree on whether it
     succeeded: how a ``CheckpointManager`` records and sweeps its directory with each save."""
-    return checkpoint._write(path, after)
+    return _write(checkpoint, path, after)
+
+
+def _extended(checkpoint: Checkpoint) -> Any:
+    strategy = strategy_for(checkpoint)
+    return strategy.extended if strategy is not None else None
+
+
+def _write(checkpoint: Checkpoint, path: str, after: Callable[[], None] | None = None) -> str:
+    """Write ``path`` (the chief only), run ``after`` there once it is in place, then wait
+    until every worker knows whether that succeeded."""
+    if _context.has_strategy() and not _context.in_cross_replica_context():
+        raise RuntimeError(
+            f"Checkpoint cannot be written from a replica context (inside `strategy.run`): "
+            f"every replica would write {path}. Save after `strategy.run` returns."
+        )
+    who = role(checkpoint)
+    state = _state_of(checkpoint)
+    payload = {  # read on every worker: some reads are collectives
+        "format": _FORMAT,
+        "version": _VERSION,
+        "save_counter": int(state.save_counter),
+        "objects": state.capture(_extended(checkpoint)),
+    }
+    failure: BaseException | None = None
+    if who.is_chief:
+        try:
+            _storage.atomic_write(path, lambda f: torch.save(payload, f))
+            if after is not None:
+                after()
+        except Exception as e:  # told to the other workers before it is raised
+            failure = e
+    try:
+        failed_somewhere = who.agree(failure is not None)
+    except errors.DeadlineExceededError as e:
+        raise errors.DeadlineExceededError(
+            f"{e.message} Saving {path} waits for every worker: call save/write on all "
+            "of them (only the chief writes files)."
+        ) from (failure or e)
+    if failure is not None:
+        raise failure
+    if failed_somewhere:
+        raise RuntimeError(
+            f"The chief could not write checkpoint {path}; its log says why. Check that "
+            "the checkpoint directory is writable by the chief."
+        )
+    return path
 
 
 def _leaves(checkpoint: Checkpoint) -> Iterator[Any]:
-    stack = list(checkpoint._objects.values())
+    stack = list(_state_of(checkpoint).objects.values())
     while stack:
         obj = stack.pop()
         if isinstance(obj, Checkpoint):
-            stack.extend(obj._objects.values())
+            stack.extend(_state_of(obj).objects.values())
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, list):
@@ -209,7 +288,7 @@ def _ps_slots_owner(obj: Any, extended: Any) -> HoldsOptimizerSlots | None:
 def _capture(obj: Any, extended: Any = None) -> tuple[str, Any]:
     kind = _kind(obj)
     if kind == "checkpoint":
-        return kind, obj._capture_objects(extended)
+        return kind, _state_of(obj).capture(extended)
     if kind == "state_dict":
         state = obj.state_dict()
         if (owner := _ps_slots_owner(obj, extended)) is not None:
@@ -273,7 +352,7 @@ class _Restore:
         if kind == "python":
             return value
         if own == "checkpoint":
-            obj._restore_objects(value, self, name)
+            _state_of(obj).restore(value, self, name)
         elif own == "state_dict":
             obj.load_state_dict(_laid_out_like(value, obj.state_dict()))
             if (owner := _ps_slots_owner(obj, self.extended)) is not None:
@@ -406,12 +485,7 @@ class Checkpoint:
     """
 
     def __init__(self, root: Any = None, **kwargs: Any) -> None:
-        object.__setattr__(self, "_objects", {})
-        object.__setattr__(self, "_save_counter", torch.zeros((), dtype=torch.int64))
-        # made in a strategy's scope: saves follow that strategy's chief
-        object.__setattr__(
-            self, "_strategy", _context.get_strategy() if _context.has_strategy() else None
-        )
+        self._hold(_State(_context.get_strategy() if _context.has_strategy() else None))
         if root is not None:
             kwargs = {"root": root, **kwargs}
         for name, value in kwargs.items():
@@ -421,6 +495,16 @@ class Checkpoint:
                     "'_' are Checkpoint's own. Choose another name."
                 )
             setattr(self, name, value)
+
+    def _hold(self, state: _State) -> None:
+        object.__setattr__(self, "_state", state)
+        _states[id(self)] = state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (``copy.deepcopy``) holds its own copy of the state."""
+        held = state.pop("_state")
+        self.__dict__.update(state)
+        self._hold(held)
 
     # -- tracking -----------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -433,99 +517,49 @@ class Checkpoint:
                 "Checkpoint's own API. Choose another name."
             )
         _check_trackable(name, value)
-        self._objects[name] = value
+        self._state.objects[name] = value
 
     def __getattr__(self, name: str) -> Any:
-        objects = self.__dict__.get("_objects", {})
-        if name in objects:
-            return objects[name]
+        state = self.__dict__.get("_state")
+        if state is not None and name in state.objects:
+            return state.objects[name]
         raise AttributeError(f"'Checkpoint' object has no attribute {name!r}")
 
     def __delattr__(self, name: str) -> None:
-        if name in self._objects:
-            del self._objects[name]
+        if name in self._state.objects:
+            del self._state.objects[name]
         else:
             object.__delattr__(self, name)
 
     def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(self._objects))
+        return sorted(set(super().__dir__()) | set(self._state.objects))
 
     def __repr__(self) -> str:
-        return f"<strategyjob.train.Checkpoint objects={list(self._objects)}>"
+        return f"<strategyjob.train.Checkpoint objects={list(self._state.objects)}>"
 
     @property
     def save_counter(self) -> torch.Tensor:
         """How many times ``save`` ran (an int64 scalar tensor, saved with the checkpoint)."""
-        return self._save_counter
+        return self._state.save_counter
 
     # -- saving ------------------------------------------------------------------------------
-    def _capture_objects(self, extended: Any = None) -> dict[str, Any]:
-        return {name: _capture(obj, extended) for name, obj in self._objects.items()}
-
-    def _extended(self) -> Any:
-        strategy = strategy_for(self)
-        return strategy.extended if strategy is not None else None
-
-    def _write(self, path: str, after: Callable[[], None] | None = None) -> str:
-        """Write ``path`` (the chief only), run ``after`` there once it is in place, then wait
-        until every worker knows whether that succeeded."""
-        if _context.has_strategy() and not _context.in_cross_replica_context():
-            raise RuntimeError(
-                f"Checkpoint cannot be written from a replica context (inside `strategy.run`): "
-                f"every replica would write {path}. Save after `strategy.run` returns."
-            )
-        who = role(self)
-        payload = {  # read on every worker: some reads are collectives
-            "format": _FORMAT,
-            "version": _VERSION,
-            "save_counter": int(self._save_counter),
-            "objects": self._capture_objects(self._extended()),
-        }
-        failure: BaseException | None = None
-        if who.is_chief:
-            try:
-                _storage.atomic_write(path, lambda f: torch.save(payload, f))
-                if after is not None:
-                    after()
-            except Exception as e:  # told to the other workers before it is raised
-                failure = e
-        try:
-            failed_somewhere = who.agree(failure is not None)
-        except errors.DeadlineExceededError as e:
-            raise errors.DeadlineExceededError(
-                f"{e.message} Saving {path} waits for every worker: call save/write on all "
-                "of them (only the chief writes files)."
-            ) from (failure or e)
-        if failure is not None:
-            raise failure
-        if failed_somewhere:
-            raise RuntimeError(
-                f"The chief could not write checkpoint {path}; its log says why. Check that "
-                "the checkpoint directory is writable by the chief."
-            )
-        return path
-
     def write(self, file_prefix: str | os.PathLike, options: Any = None) -> str:
         """Write a checkpoint to exactly ``file_prefix``, not counted in ``save_counter``;
         returns the path. Call it on every worker."""
-        return self._write(os.fspath(file_prefix))
+        return _write(self, os.fspath(file_prefix))
 
     def save(self, file_prefix: str | os.PathLike, options: Any = None) -> str:
         """Write ``{file_prefix}-{save_counter}`` after incrementing ``save_counter``, and
         record it in the directory's state file (so ``latest_checkpoint`` finds it); returns
         the path. Call it on every worker."""
-        self._save_counter += 1
-        path = f"{os.fspath(file_prefix)}-{int(self._save_counter)}"
+        self._state.save_counter += 1
+        path = f"{os.fspath(file_prefix)}-{int(self._state.save_counter)}"
         directory = os.path.dirname(os.path.abspath(path))
-        return self._write(
-            path, after=lambda: _storage.update_checkpoint_state(directory, path, [path])
+        return _write(
+            self, path, after=lambda: _storage.update_checkpoint_state(directory, path, [path])
         )
 
     # -- restoring ---------------------------------------------------------------------------
-    def _restore_objects(self, saved: dict[str, Any], restore: _Restore, name: str) -> None:
-        for key, value in restore.objects(name, self._objects, saved).items():
-            self._objects[key] = value
-
     def read(self, save_path: str | os.PathLike) -> CheckpointLoadStatus:
         """Restore every tracked object (and ``save_counter``) from ``save_path``."""
         path = os.fspath(save_path)
@@ -552,9 +586,9 @@ class Checkpoint:
                 f"{path} is not a strategyjob.train.Checkpoint file. Pass a path that "
                 "`save`/`write` returned."
             )
-        restore = _Restore(self._extended())
-        self._restore_objects(data["objects"], restore, "(root)")
-        self._save_counter.fill_(int(data.get("save_counter", 0)))
+        restore = _Restore(_extended(self))
+        self._state.restore(data["objects"], restore, "(root)")
+        self._state.save_counter.fill_(int(data.get("save_counter", 0)))
         return CheckpointLoadStatus(path, restore)
 
     def restore(

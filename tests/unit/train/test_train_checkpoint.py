@@ -3,8 +3,11 @@ load statuses, and one clear error for each kind of bad input."""
 
 from __future__ import annotations
 
+import copy
+import gc
 import logging
 import os
+import weakref
 
 import pytest
 import strategyjob as sj
@@ -226,3 +229,32 @@ def test_writing_in_a_replica_context_is_refused(tmp_path):
     with strategy.scope():  # cross-replica context: fine
         ckpt.write(tmp_path / "y")
     assert os.listdir(tmp_path) == ["y"]
+
+
+def test_a_copy_keeps_its_own_objects_and_counter(tmp_path):
+    """A Checkpoint's own state is kept apart from its attributes (the tracked objects); a deep
+    copy gets a copy of it, independent of the original."""
+    ckpt = train.Checkpoint(t=torch.ones(2), n=1)
+    ckpt.save(tmp_path / "a")
+    copied = copy.deepcopy(ckpt)
+    copied.t.fill_(7.0)
+    copied.n = 2
+    assert copied.save(tmp_path / "b") == str(tmp_path / "b-2")
+    assert int(ckpt.save_counter) == 1 and ckpt.n == 1 and torch.equal(ckpt.t, torch.ones(2))
+    assert (
+        "t" in dir(copied) and repr(copied) == "<strategyjob.train.Checkpoint objects=['t', 'n']>"
+    )
+    ckpt.restore(tmp_path / "b-2").assert_consumed()
+    assert (ckpt.n, int(ckpt.save_counter)) == (2, 2) and torch.equal(ckpt.t, torch.full((2,), 7.0))
+
+
+def test_a_checkpoint_in_a_reference_cycle_is_collected():
+    """Nothing outside a Checkpoint keeps it (or the objects it tracks) alive: a parent and a
+    child tracking each other go once unreachable."""
+    parent = train.Checkpoint(t=torch.ones(1))
+    child = train.Checkpoint(u=torch.ones(1))
+    parent.child, child.parent = child, parent
+    gone = weakref.ref(parent)
+    del parent, child
+    gc.collect()
+    assert gone() is None

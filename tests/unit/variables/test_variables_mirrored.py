@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import gc
+import weakref
+
 import pytest
 import strategyjob
 import torch
@@ -254,8 +258,7 @@ def test_gradients_flow_to_the_local_component(mirrored):
 
 def test_checkpoint_value_is_the_cross_replica_value(mirrored):
     v = make(mirrored, 2.0)
-    assert float(v._checkpoint_value().detach()) == 2.0
-    assert _variables.checkpoint_reader(v) is not None
+    assert float(_variables.checkpoint_reader(v)().detach()) == 2.0
     assert _values.is_distributed_variable(v)
 
 
@@ -300,3 +303,25 @@ def test_updating_the_distributed_variable_inside_extended_update(mirrored):
     with mirrored.scope():
         mirrored.extended.update(v, lambda component, x: v.assign_add(x), args=(2.0,))
     assert components(v) == [2.0, 2.0]
+
+
+def test_components_belong_to_their_container(mirrored):
+    """``distributed_container`` (what regroup and ``extended.value_container`` ask): a component
+    gives its distributed variable, and keeps it alive as any reference does; a copy of a
+    component, or any other value, belongs to none."""
+    with mirrored.scope():
+        v = strategyjob.Variable(torch.ones(2))
+    c0, c1 = v.values
+    assert c0.distribute_strategy is mirrored and c1.distribute_strategy is mirrored
+    assert _variables.distributed_container(c0) is v
+    assert _values.regroup((c0, c1)) is v
+    assert mirrored.extended.value_container(c1) is v
+    assert _variables.distributed_container(copy.deepcopy(c0)) is None
+    assert _variables.distributed_container(torch.ones(2)) is None
+    alive = weakref.ref(v)
+    del v
+    gc.collect()
+    assert alive() is not None and _variables.distributed_container(c0) is alive()
+    del c0, c1
+    gc.collect()
+    assert alive() is None

@@ -187,3 +187,29 @@ def test_deepcopy_and_pickle_keep_the_value():
     assert restored.name == "w:0"
     assert restored.numpy().tolist() == [1.0, 2.0]
     assert float(restored.assign_add([1.0, 1.0])[0]) == 2.0
+
+
+def test_every_kind_of_variable_answers_tensor_protocol(mirrored):
+    """``__tf_tensor__`` (TensorFlow's TensorProtocol) is the live tensor torch operations read:
+    gradients reach the variable; a cross-replica read of a mirrored variable is its primary
+    component, of a sync-on-read one the aggregate; a central variable's is the wrapped one's."""
+    plain = strategyjob.Variable(torch.ones(2))
+    with mirrored.scope():
+        on_write = strategyjob.Variable(torch.ones(2))
+        on_read = strategyjob.Variable(
+            torch.ones(2),
+            synchronization=VariableSynchronization.ON_READ,
+            aggregation=VariableAggregation.SUM,
+        )
+    central = strategyjob.CentralStorageStrategy(["cpu:0", "cpu:1"])
+    with central.scope():
+        aggregating = strategyjob.Variable(torch.ones(2), aggregation=VariableAggregation.SUM)
+    assert isinstance(aggregating, _variables.AggregatingVariable)
+    for v in (plain, on_write, on_read, aggregating):
+        assert isinstance(v, _variables.TensorProtocol)
+        assert v.__tf_tensor__(torch.float64).dtype == torch.float64
+    (plain.__tf_tensor__() * 3).sum().backward()
+    assert torch.equal(plain.grad, torch.full((2,), 3.0))
+    assert on_write.__tf_tensor__() is on_write.values[0].__tf_tensor__()
+    assert torch.equal(on_read.__tf_tensor__(), torch.full((2,), 2.0))
+    assert aggregating.__tf_tensor__() is aggregating.get().__tf_tensor__()

@@ -58,7 +58,7 @@ def test_replica_updates_are_local_and_cross_reads_aggregate(mirrored, aggregati
     with mirrored.scope():
         assert float(v.read_value()) == cross_read
     assert float(v.read_value()) == cross_read  # top level reads like cross-replica
-    assert float(v._checkpoint_value()) == cross_read
+    assert float(_variables.checkpoint_reader(v)()) == cross_read
 
 
 def test_cross_replica_read_with_none_aggregation_fails(mirrored):
@@ -137,7 +137,7 @@ def test_sync_on_read_context_all_reduces_replica_reads(mirrored):
 def test_restore_uses_the_cross_replica_assign_rule(mirrored):
     source = make(mirrored, VariableAggregation.SUM)
     mirrored.run(lambda: source.assign_add(replica_id() + 1))
-    saved = source._checkpoint_value()
+    saved = _variables.checkpoint_reader(source)()
     target = make(mirrored, VariableAggregation.SUM)
     target.assign(saved)
     assert float(target.read_value()) == float(saved) == 3.0
