@@ -8,6 +8,7 @@ one ``cpu`` device, so a :class:`LogicalDevice` keeps the index that torch drops
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,13 @@ def canonicalize(device: str | torch.device | LogicalDevice) -> LogicalDevice:
         return LogicalDevice(device.type, device.index or 0)
     if not isinstance(device, str):
         raise _bad(device, f"expected a string or torch.device, got {type(device).__name__}")
+    return _parse_name(device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_name(device: str) -> LogicalDevice:
+    """A device name parsed once: the names a job uses are few, and a step reads them often
+    (a variable's ``device``); the result is immutable, a refused name raises each time."""
     text = device.strip()
     if not text:
         raise _bad(device, "the name is empty")

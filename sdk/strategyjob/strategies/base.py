@@ -94,7 +94,7 @@ def _copy_to(tensor: Any, device: torch.device | None, *, clone: bool) -> Any:
 
 
 def _device_of(value: Any) -> torch.device | None:
-    device = getattr(value, "_logical_device", None) or getattr(value, "device", None)
+    device = getattr(value, "device", None)
     if device is None or device == "":
         return None
     return canonicalize(device).torch_device
