@@ -31,7 +31,7 @@ __all__ = [
 FALLBACK_SECONDS = 1800.0
 _RAISE = (
     f"If it was busy, raise {_names.ENV_STUCK_PEER_SECONDS} (or set it to 'off': no bound) or "
-    f"{_names.ENV_STUCK_PEER_FACTOR}."
+    f"{_names.ENV_STUCK_PEER_FACTOR} ({_names.DOCS_FAULTS})."
 )
 
 
