@@ -60,6 +60,7 @@ from strategyjob._variables._factories import (
     update_components,
 )
 from strategyjob._variables._plain import Variable, VariableCreator
+from strategyjob._variables._scatter import scatter_
 
 __all__ = [
     "AggregatingVariable",
@@ -77,6 +78,7 @@ __all__ = [
     "create_distributed_variable",
     "create_plain_variable",
     "distributed_container",
+    "scatter_",
     "update_components",
     "variable_sync_on_read_context",
 ]

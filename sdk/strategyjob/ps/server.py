@@ -30,7 +30,7 @@ import torch
 from google.protobuf.message import DecodeError
 
 from strategyjob import _names, errors
-from strategyjob._variables._scatter import scatter_
+from strategyjob._variables import scatter_
 from strategyjob.cluster_resolver import ClusterSpec
 from strategyjob.cluster_resolver.multi_worker_util import normalize_cluster_spec
 from strategyjob.ps import _direct, _remote, _transport, _wire
