@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -194,14 +194,17 @@ def decode_results(data: bytes) -> list[torch.Tensor]:
 
 
 _lock = threading.Lock()
-_cluster: dict[str, list[str]] = {}
+#: Each job's task addresses by index; None where a sparse job (TF_CONFIG's dict form, an
+#: elastic job's removed worker) has no task at that index.
+_cluster: dict[str, list[str | None]] = {}
 _channels: dict[str, grpc.Channel] = {}
 _raw_stubs: dict[tuple[str, str], Any] = {}
 _idle_streams: dict[tuple[str, tuple], list[Any]] = {}
 
 
-def configure(cluster: dict[str, list[str]]) -> None:
-    """Remember the cluster's addresses (``{job: [host:port, ...]}``)."""
+def configure(cluster: Mapping[str, Sequence[str | None]]) -> None:
+    """Remember the cluster's addresses (``{job: [host:port, ...]}``; None at a sparse job's
+    gaps)."""
     with _lock:
         _cluster.clear()
         _cluster.update({job: list(tasks) for job, tasks in cluster.items()})
@@ -214,14 +217,19 @@ def num_tasks(job: str) -> int:
 
 
 def address(job: str, task: int) -> str:
+    """The address of ``/job:{job}/task:{task}``; a task the cluster does not hold (not
+    configured, past its end, or a sparse job's gap) is refused, naming the cluster."""
     try:
-        return _cluster[job][task]
+        found = _cluster[job][task]
     except (KeyError, IndexError):
+        found = None
+    if found is None:
         raise ValueError(
             f"No address for /job:{job}/task:{task}: the cluster of this process is "
             f"{_cluster or 'not configured'}. Create the ParameterServerStrategy (coordinator) or "
             "start the Server (worker) before using parameter-server variables."
-        ) from None
+        )
+    return found
 
 
 def channel(addr: str) -> grpc.Channel:

@@ -611,10 +611,7 @@ class Server:
         self._address = address
         what = f"/job:{job_name}/task:{self._task_index}"
         listen = listen_addresses(address, what, bind_address)
-        _transport.configure(
-            # configure is typed for dense jobs; a sparse job's gaps (None) are kept as given.
-            {job: list(cluster.job_tasks(job)) for job in cluster.jobs}  # type: ignore[arg-type]
-        )
+        _transport.configure({job: cluster.job_tasks(job) for job in cluster.jobs})
         self._incarnation = uuid.uuid4().hex
         self._store = Store(f"/job:{job_name}/replica:0/task:{self._task_index}")
         self._traffic = [0, 0, 0]
