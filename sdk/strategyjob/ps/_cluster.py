@@ -21,7 +21,7 @@ process uses the gRPC one, configured by its ``Server``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 import grpc
@@ -211,7 +211,7 @@ class GrpcWorkerClient:
             stream.close()
             self._streams.stream = None
 
-    def _call(self, stub: object, request: pb.Closure) -> pb.ClosureResult:
+    def _call(self, stub: Callable[..., bytes] | None, request: pb.Closure) -> pb.ClosureResult:
         """``request`` to ``stub`` (a unary method), or on this thread's closure stream when
         ``stub`` is None."""
         stream = None
@@ -219,7 +219,7 @@ class GrpcWorkerClient:
             data = request.SerializeToString()
             md = _transport.metadata()
             if stub is not None:
-                reply = stub(data, metadata=md)  # type: ignore[operator]
+                reply = stub(data, metadata=md)
             else:
                 stream = getattr(self._streams, "stream", None)
                 if stream is None or stream.metadata != md or not stream.alive():
