@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True,
         text=True,
         timeout=240,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert built.returncode == 0, f"mkdocs build --strict failed:\n{built.stderr[-4000:]}"
     return out
@@ -57,7 +58,10 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    webdriver = pytest.importorskip("selenium.webdriver", reason="pip install -e '.[docs]'")
+    try:
+        from selenium import webdriver
+    except ImportError:
+        pytest.fail("no selenium: pip install -e '.[docs]' (tools/test.sh installs every extra)")
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.fail(
             f"no Chromium ({CHROMIUM}) or chromedriver ({CHROMEDRIVER}): "

@@ -28,6 +28,5 @@ def test_only_the_plugin_and_the_kind_fixture_import_pytest_and_none_a_test_file
         imported = imported_modules(path)
         if path.name not in PYTEST_USERS:
             assert not {n for n in imported if n.split(".")[0] == "pytest"}, path.name
-        tests = {n for n in imported if n.startswith("tests.")} - {"tests.support"}
-        tests = {n for n in tests if not n.startswith("tests.support.")}
+        tests = {n for n in imported if n.startswith("tests.") and n.split(".")[1] != "support"}
         assert not tests, f"{path.name} imports {tests}"
